@@ -25,6 +25,22 @@ pub struct Limits {
     pub max_frontmatter_bytes: usize,
 }
 
+impl Limits {
+    /// No size or count limits (path rules still apply): for computing the digest of any
+    /// tree, which is defined whatever its size.
+    pub fn unbounded() -> Self {
+        Limits {
+            max_files: usize::MAX,
+            max_file_size: u64::MAX / 4,
+            max_total_size: u64::MAX / 4,
+            max_compression_ratio: u64::MAX,
+            ratio_floor: u64::MAX / 4,
+            max_archive_entries: usize::MAX,
+            max_frontmatter_bytes: usize::MAX,
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
