@@ -500,7 +500,16 @@ struct Found {
 /// Reads a package directory in place: walks it (skipping the default excludes and what
 /// `.skillignore` names), checks every path, and hashes files in parallel.
 pub fn scan_dir(root: &Path, limits: &Limits) -> io::Result<Intake> {
-    let ignore = build_ignore(root)?;
+    scan(root, limits, build_ignore(root)?)
+}
+
+/// Reads a package directory exactly as it is, without excludes (a stored revision tree, a
+/// draft): what is there is the package.
+pub fn scan_dir_raw(root: &Path, limits: &Limits) -> io::Result<Intake> {
+    scan(root, limits, ignore::gitignore::Gitignore::empty())
+}
+
+fn scan(root: &Path, limits: &Limits, ignore: ignore::gitignore::Gitignore) -> io::Result<Intake> {
     let mut c = Collector::new(limits);
     let mut found = Vec::new();
     walk(root, root, &ignore, &mut c, &mut found)?;

@@ -1,5 +1,168 @@
-//! The registry: metadata store (SQLite, later PostgreSQL), content store on `object_store`,
-//! revision cache, publication by compare-and-swap, drafts, runs and pins, deletion,
-//! revocation, garbage collection and the event log.
+//! The registry: immutable revisions of skills, published by compare-and-swap.
 //!
-//! Filled in by the registry issue; depends on `skillbox-package` only.
+//! - [`meta`]: the metadata store (SQL on SQLite or PostgreSQL): skills, revisions, drafts,
+//!   tokens, the event log; the pointer moves only by `UPDATE … WHERE current_revision = base`.
+//! - [`content`]: the content store on `object_store`: blobs by SHA-256, manifests by digest,
+//!   create-if-absent, never modified.
+//! - [`cache`]: the revision cache of read-only trees, one per digest.
+//! - [`Registry`]: publication, reads, pointer moves, deletion, drafts, tokens, events, fsck.
+//!
+//! Write order is content first, metadata last: a crash before the metadata commit leaves only
+//! unreferenced content and staging litter (swept at startup), never a partial revision.
+
+pub mod auth;
+pub mod cache;
+pub mod content;
+pub mod error;
+pub mod fsck;
+pub mod meta;
+mod publish;
+mod reads;
+mod drafts;
+
+pub use auth::{Principal, Role};
+pub use error::{RegistryError, Result};
+pub use meta::{DraftFile, DraftRow, Event, MetaStore, RevisionRow, SkillRow};
+pub use publish::Published;
+pub use reads::{FileContent, RevisionView, RevSel, SkillSummary};
+
+use cache::RevisionCache;
+use content::ContentStore;
+use skillbox_package::{Digest, Limits, Manifest, StagingDir};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// How to open a registry.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    pub data_dir: PathBuf,
+    /// `sqlite://…` or `postgres://…`; default: `<data_dir>/skillbox.db`.
+    pub database_url: Option<String>,
+    pub limits: Limits,
+    /// Reject unknown frontmatter keys.
+    pub strict: bool,
+}
+
+impl RegistryConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        RegistryConfig { data_dir: data_dir.into(), database_url: None, limits: Limits::default(), strict: false }
+    }
+}
+
+pub struct Registry {
+    pub(crate) cfg: RegistryConfig,
+    pub(crate) meta: MetaStore,
+    pub(crate) content: ContentStore,
+    pub(crate) cache: RevisionCache,
+    staging: PathBuf,
+    manifests: Mutex<HashMap<Digest, Arc<Manifest>>>,
+    /// Bumped after every committed change: wakes event streams.
+    changes: tokio::sync::watch::Sender<u64>,
+}
+
+const MANIFEST_CACHE_ENTRIES: usize = 4096;
+
+impl Registry {
+    /// Opens (creating if needed) the registry in `cfg.data_dir`, sweeping staging leftovers
+    /// of a previous process.
+    pub async fn open(cfg: RegistryConfig) -> Result<Arc<Self>> {
+        let data = &cfg.data_dir;
+        std::fs::create_dir_all(data)?;
+        let staging = data.join("staging");
+        sweep_staging(&staging)?;
+        std::fs::create_dir_all(&staging)?;
+        let content = ContentStore::local(&data.join("store"))?;
+        let cache = RevisionCache::new(data.join("trees"), staging.clone())?;
+        let url = match &cfg.database_url {
+            Some(u) => u.clone(),
+            None => format!("sqlite://{}?mode=rwc", data.join("skillbox.db").display()),
+        };
+        let meta = MetaStore::connect(&url).await?;
+        let (changes, _) = tokio::sync::watch::channel(0);
+        Ok(Arc::new(Registry { cfg, meta, content, cache, staging, manifests: Mutex::new(HashMap::new()), changes }))
+    }
+
+    pub fn config(&self) -> &RegistryConfig {
+        &self.cfg
+    }
+
+    pub fn meta(&self) -> &MetaStore {
+        &self.meta
+    }
+
+    pub fn content(&self) -> &ContentStore {
+        &self.content
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.cfg.data_dir
+    }
+
+    /// A fresh private staging directory for an upload.
+    pub fn new_staging(&self, prefix: &str) -> Result<StagingDir> {
+        Ok(StagingDir::new_in(&self.staging, prefix)?)
+    }
+
+    pub fn staging_path(&self) -> &Path {
+        &self.staging
+    }
+
+    /// The on-disk tree of a revision (revision cache).
+    pub fn tree_path(&self, digest: &Digest) -> PathBuf {
+        self.cache.tree_path(digest)
+    }
+
+    /// Subscribes to change notifications (any committed change in any workspace).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    pub(crate) fn notify_change(&self) {
+        self.changes.send_modify(|v| *v += 1);
+    }
+
+    /// The manifest of `digest`, from memory when hot.
+    pub async fn manifest(&self, digest: &Digest) -> Result<Arc<Manifest>> {
+        if let Some(m) = self.manifests.lock().ok().and_then(|c| c.get(digest).cloned()) {
+            return Ok(m);
+        }
+        let m = self
+            .content
+            .get_manifest(digest)
+            .await?
+            .ok_or_else(|| RegistryError::Internal(format!("manifest {digest} missing from the content store")))?;
+        let m = Arc::new(m);
+        if let Ok(mut c) = self.manifests.lock() {
+            if c.len() >= MANIFEST_CACHE_ENTRIES {
+                c.clear();
+            }
+            c.insert(*digest, m.clone());
+        }
+        Ok(m)
+    }
+
+    /// Events of `workspace` after `after`.
+    pub async fn events_after(&self, workspace: &str, after: i64, limit: i64) -> Result<Vec<Event>> {
+        self.meta.events_after(workspace, after, limit).await
+    }
+}
+
+/// Removes staging entries whose creating process is gone. Another server may share this data
+/// directory, so entries of live processes stay. Names end in `<pid>-<nanos>-<n>` (see
+/// [`skillbox_package::staging::unique_name`]).
+fn sweep_staging(staging: &Path) -> std::io::Result<()> {
+    let Ok(rd) = std::fs::read_dir(staging) else { return Ok(()) };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let owner = name.rsplitn(3, '-').nth(2).and_then(|head| head.rsplit('-').next()).and_then(|p| {
+            let digits = p.trim_start_matches(|c: char| !c.is_ascii_digit());
+            digits.parse::<u32>().ok()
+        });
+        let alive = owner.is_some_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            skillbox_package::staging::remove_tree(&e.path())?;
+        }
+    }
+    Ok(())
+}

@@ -1,4 +1,75 @@
-//! The HTTP server (axum): the API of SPEC §5, auth, and the composition of a run's mount set
-//! from its pins. Handlers are thin; logic lives in `skillbox-registry` and `skillbox-box`.
+//! The HTTP server (axum): the API of SPEC §5. Handlers are thin — parse, authorize, call
+//! `skillbox-registry`, shape the answer; all logic lives in the registry.
 //!
-//! Filled in by the registry issue.
+//! - no global lock on the request path: every handler works on its own workspace's rows,
+//!   and the registry's write transactions are short;
+//! - request size limits (uploads are streamed to disk with a byte cap), a request timeout,
+//!   graceful shutdown;
+//! - `/healthz`, Prometheus `/metrics`, `/openapi.json` from the route table in [`openapi`].
+
+mod api;
+pub mod error;
+pub mod metrics;
+pub mod openapi;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use skillbox_registry::Registry;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Server settings beyond the registry's.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub admin_token: String,
+    /// Largest accepted upload body, in bytes.
+    pub max_upload_bytes: u64,
+    pub request_timeout: Duration,
+}
+
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    pub cfg: ServerConfig,
+    pub metrics: metrics::Metrics,
+}
+
+pub type SharedState = Arc<AppState>;
+
+/// The application router.
+pub fn router(state: SharedState) -> Router {
+    api::routes()
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Records metrics and logs, and bounds the time to produce response headers.
+async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().to_string();
+    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let response = match tokio::time::timeout(state.cfg.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => error::ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "internal",
+            format!("request took longer than {:?}", state.cfg.request_timeout),
+        )
+        .into_response(),
+    };
+    let ms = start.elapsed().as_secs_f64() * 1000.0;
+    let status = response.status().as_u16();
+    state.metrics.observe(&method, &route, status, ms);
+    tracing::info!(target: "skillbox::http", %method, %route, status, ms, "request");
+    response
+}
+
+/// Serves until `shutdown` resolves, then drains in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: SharedState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}

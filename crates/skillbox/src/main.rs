@@ -3,7 +3,9 @@
 //! Exit codes: 0 success, 1 the thing checked is invalid or the server refused, 2 usage or
 //! environment errors.
 
+mod client;
 mod offline;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -18,6 +20,8 @@ that runs them. `skillbox serve` starts the server; `validate` and `digest` work
 package directory or a zip / tar / tar.gz archive."
 )]
 struct Cli {
+    #[command(flatten)]
+    conn: client::Conn,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,20 +33,9 @@ enum Command {
     /// Print a package's skillbox-tree-v1 digest (or, with --manifest, its canonical manifest).
     Digest(offline::DigestArgs),
     /// Run the skillbox server.
-    Serve(ServeArgs),
-}
-
-#[derive(clap::Args)]
-struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, env = "SKILLBOX_LISTEN", default_value = "127.0.0.1:7420")]
-    listen: String,
-    /// Data directory (embedded SQLite + local content store).
-    #[arg(long, env = "SKILLBOX_DATA_DIR", default_value = "./skillbox-data")]
-    data_dir: std::path::PathBuf,
-    /// Sandbox backend: bwrap, docker or none.
-    #[arg(long = "box", env = "SKILLBOX_BOX")]
-    box_backend: Option<String>,
+    Serve(serve::ServeArgs),
+    #[command(flatten)]
+    Client(client::ClientCommand),
 }
 
 fn main() -> ExitCode {
@@ -50,22 +43,18 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Validate(a) => offline::validate(a),
         Command::Digest(a) => offline::digest(a),
-        Command::Serve(a) => serve_placeholder(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Client(c) => client::run(cli.conn, c),
     };
     match result {
         Ok(code) => code,
+        Err(e) if e.downcast_ref::<client::ServerError>().is_some() => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
     }
-}
-
-fn serve_placeholder(a: ServeArgs) -> anyhow::Result<ExitCode> {
-    let _ = (&a.listen, &a.data_dir, &a.box_backend);
-    eprintln!(
-        "skillbox serve: the registry server is not built yet (it arrives with the registry issue); \
-the offline commands `skillbox validate` and `skillbox digest` work today."
-    );
-    Ok(ExitCode::from(2))
 }

@@ -1,0 +1,96 @@
+//! Tokens and roles (SPEC §5). Workspace tokens are random 256-bit secrets stored only as their
+//! SHA-256; the admin token is compared in constant time.
+
+use crate::error::{RegistryError, Result};
+use crate::Registry;
+use skillbox_package::Sha256;
+
+/// Roles, each including the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    Reader,
+    Author,
+    Runner,
+    Admin,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "reader" => Some(Role::Reader),
+            "author" => Some(Role::Author),
+            "runner" => Some(Role::Runner),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Author => "author",
+            Role::Runner => "runner",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// The server's admin token: every workspace, every operation.
+    ServerAdmin,
+    Workspace { workspace: String, role: Role },
+}
+
+impl Principal {
+    /// A short description for `publisher` fields and logs.
+    pub fn label(&self) -> String {
+        match self {
+            Principal::ServerAdmin => "admin".into(),
+            Principal::Workspace { workspace, role } => format!("{workspace}:{}", role.as_str()),
+        }
+    }
+}
+
+/// Constant-time equality of two byte strings (length is not secret).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn token_hash(token: &str) -> String {
+    Sha256::of(token.as_bytes()).to_hex()
+}
+
+/// A fresh random token.
+pub fn generate_token() -> String {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).expect("the OS random source is available");
+    format!("sbx_{}", skillbox_package::digest::to_hex(&b))
+}
+
+impl Registry {
+    /// Mints a workspace token; the plain token is returned once and stored hashed.
+    pub async fn create_token(&self, workspace: &str, role: Role) -> Result<String> {
+        if !skillbox_package::is_valid_name(workspace) {
+            return Err(RegistryError::BadRequest(format!("invalid workspace name {workspace:?}")));
+        }
+        let token = generate_token();
+        self.meta.insert_token(&token_hash(&token), workspace, role.as_str()).await?;
+        Ok(token)
+    }
+
+    /// Resolves a bearer token. `admin_token` is the server's admin secret.
+    pub async fn authenticate(&self, token: &str, admin_token: &str) -> Result<Option<Principal>> {
+        if constant_time_eq(token.as_bytes(), admin_token.as_bytes()) {
+            return Ok(Some(Principal::ServerAdmin));
+        }
+        // Lookup by the hash of a 256-bit secret: timing reveals nothing usable about it.
+        Ok(self.meta.token(&token_hash(token)).await?.and_then(|(workspace, role)| {
+            Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
+        }))
+    }
+}

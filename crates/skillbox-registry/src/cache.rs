@@ -1,0 +1,99 @@
+//! The revision cache: every published revision as a read-only directory tree
+//! (`trees/<digest-hex>/`, files 0444 or 0555, directories 0555), for bind-mounting into
+//! sandboxes and for serving reads without touching the blob store.
+//!
+//! Trees are keyed by digest, so identical packages share one tree. A tree is built in
+//! staging — hard-linked from local blobs where modes allow, else copied and hashed —
+//! verified against the manifest, made read-only, then renamed into place. A tree is never
+//! modified or replaced once in place.
+
+use crate::content::ContentStore;
+use crate::error::{RegistryError, Result};
+use skillbox_package::write::{DirWriteOptions, finish_tree};
+use skillbox_package::{Digest, Manifest, Sha256, StagingDir};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone)]
+pub struct RevisionCache {
+    root: PathBuf,
+    staging: PathBuf,
+}
+
+impl RevisionCache {
+    pub fn new(root: PathBuf, staging: PathBuf) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&root)?;
+        std::fs::create_dir_all(&staging)?;
+        Ok(RevisionCache { root, staging })
+    }
+
+    pub fn tree_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join(digest.0.to_hex())
+    }
+
+    /// Builds the tree for `manifest` unless it exists. Blocking; call from a blocking task.
+    /// Does not sync: the caller batches durability.
+    pub fn ensure(&self, digest: &Digest, manifest: &Manifest, content: &ContentStore, rt: &tokio::runtime::Handle) -> Result<PathBuf> {
+        let dest = self.tree_path(digest);
+        if dest.is_dir() {
+            return Ok(dest);
+        }
+        let staging = StagingDir::new_in(&self.staging, "tree-")?;
+        let tree = staging.path().join("t");
+        std::fs::create_dir(&tree)?;
+        for entry in manifest.entries() {
+            let target = tree.join(&entry.path);
+            if let Some(p) = target.parent() {
+                std::fs::create_dir_all(p)?;
+            }
+            let local = content.local_blob_path(&entry.sha256);
+            let linked = match &local {
+                Some(blob) if !entry.executable => std::fs::hard_link(blob, &target).is_ok(),
+                _ => false,
+            };
+            if linked {
+                let len = std::fs::metadata(&target)?.len();
+                if len != entry.size {
+                    return Err(RegistryError::Internal(format!(
+                        "blob {} has {len} bytes, manifest says {}",
+                        entry.sha256, entry.size
+                    )));
+                }
+                continue;
+            }
+            let bytes = match &local {
+                Some(blob) => std::fs::read(blob).map_err(|e| missing(&entry.sha256, e))?,
+                None => rt
+                    .block_on(content.get_blob(&entry.sha256))?
+                    .ok_or_else(|| RegistryError::Internal(format!("blob {} missing from the store", entry.sha256)))?
+                    .to_vec(),
+            };
+            if bytes.len() as u64 != entry.size || Sha256::of(&bytes) != entry.sha256 {
+                return Err(RegistryError::Internal(format!("blob {} does not match its hash", entry.sha256)));
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(if entry.executable { 0o755 } else { 0o644 })
+                .open(&target)?;
+            f.write_all(&bytes)?;
+        }
+        finish_tree(&tree, DirWriteOptions { read_only: true, sync: false })?;
+        match staging.commit(Some(Path::new("t")), &dest) {
+            Ok(()) => Ok(dest),
+            // Another publisher of the same digest won the rename: theirs is identical.
+            Err(_) if dest.is_dir() => Ok(dest),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes a tree (revocation, collection).
+    pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
+        skillbox_package::staging::remove_tree(&self.tree_path(digest))
+    }
+}
+
+fn missing(sha: &Sha256, e: std::io::Error) -> RegistryError {
+    RegistryError::Internal(format!("blob {sha} cannot be read: {e}"))
+}

@@ -1,0 +1,183 @@
+//! Publication (SPEC §4.1–4.2): staging → validation → content → one sync → one transaction.
+
+use crate::error::{RegistryError, Result};
+use crate::meta::{CommitOutcome, NewRevision, RevisionRow, SkillRow};
+use crate::Registry;
+use serde::Serialize;
+use skillbox_package::{ArchiveFormat, CheckOptions, Package, Problem, StagingDir, intake};
+use std::path::PathBuf;
+
+/// The answer to a publish (SPEC §5).
+#[derive(Debug, Clone, Serialize)]
+pub struct Published {
+    pub skill_id: String,
+    pub name: String,
+    pub revision: i64,
+    pub digest: String,
+    pub file_count: i64,
+    pub size: i64,
+    pub published_at: i64,
+    pub warnings: Vec<Problem>,
+    /// True when this answers a retry of a publish that had already committed.
+    pub replayed: bool,
+}
+
+impl Published {
+    fn from_rows(skill: &SkillRow, rev: &RevisionRow, warnings: Vec<Problem>, replayed: bool) -> Self {
+        Published {
+            skill_id: skill.id.clone(),
+            name: skill.name.clone(),
+            revision: rev.revision,
+            digest: rev.digest.clone(),
+            file_count: rev.file_count,
+            size: rev.size,
+            published_at: rev.published_at,
+            warnings,
+            replayed,
+        }
+    }
+}
+
+impl Registry {
+    fn check_options(&self, name: &str) -> CheckOptions {
+        CheckOptions { strict: self.cfg.strict, expected_name: Some(name.to_string()), limits: self.cfg.limits }
+    }
+
+    /// Publishes the archive at `staging/upload`. `format` comes from the content type; when
+    /// absent the archive's leading bytes decide.
+    pub async fn publish_archive(
+        &self,
+        workspace: &str,
+        name: &str,
+        base_revision: i64,
+        staging: StagingDir,
+        format: Option<ArchiveFormat>,
+        publisher: &str,
+    ) -> Result<Published> {
+        validate_names(workspace, name)?;
+        let opts = self.check_options(name);
+        let (staging, checked) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let upload = staging.path().join("upload");
+            let tree = staging.path().join("tree");
+            std::fs::create_dir(&tree)?;
+            let intake = match format {
+                Some(f) => intake::extract_archive(std::fs::File::open(&upload)?, f, &tree, &opts.limits)?,
+                None => intake::extract_archive_file(&upload, &tree, &opts.limits)?,
+            };
+            // The upload is not needed any more; free the space before storing content.
+            std::fs::remove_file(&upload)?;
+            Ok((staging, skillbox_package::check(intake, &opts)))
+        })
+        .await
+        .map_err(RegistryError::internal)??;
+        let pkg = checked.map_err(|r| RegistryError::InvalidPackage { problems: r.problems, warnings: r.warnings })?;
+        self.publish_package(workspace, name, base_revision, staging, pkg, publisher).await
+    }
+
+    /// Publishes a package directory already inside `staging` (draft publication).
+    pub(crate) async fn publish_tree(
+        &self,
+        workspace: &str,
+        name: &str,
+        base_revision: i64,
+        staging: StagingDir,
+        root: PathBuf,
+        publisher: &str,
+    ) -> Result<Published> {
+        let opts = self.check_options(name);
+        let (staging, checked) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let intake = intake::scan_dir_raw(&root, &opts.limits)?;
+            Ok((staging, skillbox_package::check(intake, &opts)))
+        })
+        .await
+        .map_err(RegistryError::internal)??;
+        let pkg = checked.map_err(|r| RegistryError::InvalidPackage { problems: r.problems, warnings: r.warnings })?;
+        self.publish_package(workspace, name, base_revision, staging, pkg, publisher).await
+    }
+
+    async fn publish_package(
+        &self,
+        workspace: &str,
+        name: &str,
+        base_revision: i64,
+        staging: StagingDir,
+        pkg: Package,
+        publisher: &str,
+    ) -> Result<Published> {
+        let digest = pkg.digest.to_string();
+        // Cheap early answer for a stale base (the commit below re-checks under the database's
+        // concurrency control, so this is only an optimisation).
+        if let Some(skill) = self.meta.active_skill(workspace, name).await? {
+            // Publishing exactly what is current changes nothing: answer with the current
+            // revision instead of minting an identical one.
+            if skill.current_revision == base_revision && base_revision > 0 {
+                if let Some(cur) = self.meta.revision(&skill.id, base_revision).await? {
+                    if cur.digest == digest {
+                        return Ok(Published::from_rows(&skill, &cur, pkg.warnings, true));
+                    }
+                }
+            }
+            if skill.current_revision != base_revision {
+                if let Some(rev) = self.find_replay(&skill, base_revision, &digest).await? {
+                    return Ok(Published::from_rows(&skill, &rev, pkg.warnings, true));
+                }
+                return Err(RegistryError::RevisionConflict { current_revision: skill.current_revision, base_revision });
+            }
+        } else if base_revision != 0 {
+            return Err(RegistryError::RevisionConflict { current_revision: 0, base_revision });
+        }
+
+        // Content first: blobs, manifest, revision-cache tree; then one sync for all of it.
+        let blobs = pkg.manifest.entries().iter().map(|e| (e.sha256, pkg.root.join(&e.path))).collect();
+        self.content.put_blob_files(blobs).await?;
+        self.content.put_manifest(pkg.manifest.encode().into()).await?;
+        let (cache, content, manifest, d) = (self.cache.clone(), self.content.clone(), pkg.manifest.clone(), pkg.digest);
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || cache.ensure(&d, &manifest, &content, &rt))
+            .await
+            .map_err(RegistryError::internal)??;
+        self.content.sync().await?;
+        drop(staging);
+
+        let frontmatter = serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
+        let outcome = self
+            .meta
+            .commit_revision(&NewRevision {
+                workspace,
+                skill: name,
+                base_revision,
+                digest: &digest,
+                publisher,
+                file_count: pkg.manifest.len() as i64,
+                size: pkg.manifest.total_size() as i64,
+                frontmatter: &frontmatter,
+            })
+            .await?;
+        match outcome {
+            CommitOutcome::Created { skill, revision } => {
+                self.notify_change();
+                tracing::info!(workspace, skill = name, revision = revision.revision, digest, "published");
+                Ok(Published::from_rows(&skill, &revision, pkg.warnings, false))
+            }
+            CommitOutcome::Replayed { skill, revision } => Ok(Published::from_rows(&skill, &revision, pkg.warnings, true)),
+            CommitOutcome::Conflict { current_revision } => {
+                Err(RegistryError::RevisionConflict { current_revision, base_revision })
+            }
+        }
+    }
+
+    async fn find_replay(&self, skill: &SkillRow, base: i64, digest: &str) -> Result<Option<RevisionRow>> {
+        Ok(self.meta.revisions(&skill.id).await?.into_iter().find(|r| r.parent_revision == base && r.digest == digest))
+    }
+}
+
+/// Workspace and skill names follow the skill-name rule (SPEC §1).
+pub(crate) fn validate_names(workspace: &str, name: &str) -> Result<()> {
+    if !skillbox_package::is_valid_name(workspace) {
+        return Err(RegistryError::BadRequest(format!("invalid workspace name {workspace:?}: use 1–64 of a-z, 0-9 and single hyphens")));
+    }
+    if !skillbox_package::is_valid_name(name) {
+        return Err(RegistryError::BadRequest(format!("invalid skill name {name:?}: use 1–64 of a-z, 0-9 and single hyphens")));
+    }
+    Ok(())
+}

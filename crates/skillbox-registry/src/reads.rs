@@ -1,0 +1,185 @@
+//! Reads: skills, revisions, files, archives; pointer moves and deletion.
+
+use crate::error::{RegistryError, Result};
+use crate::meta::{RevisionRow, SkillRow};
+use crate::Registry;
+use serde::Serialize;
+use skillbox_package::{Digest, FileEntry, Manifest, Sha256};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// `rev` in a path: a number or `current`.
+#[derive(Debug, Clone, Copy)]
+pub enum RevSel {
+    Current,
+    Number(i64),
+}
+
+impl std::str::FromStr for RevSel {
+    type Err = RegistryError;
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "current" {
+            return Ok(RevSel::Current);
+        }
+        s.parse::<i64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(RevSel::Number)
+            .ok_or_else(|| RegistryError::BadRequest(format!("revision must be a positive number or 'current', not {s:?}")))
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SkillSummary {
+    pub id: String,
+    pub name: String,
+    pub description: Option<String>,
+    pub current_revision: i64,
+    pub current_digest: Option<String>,
+    pub state: String,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// One revision with its manifest.
+#[derive(Debug, Clone)]
+pub struct RevisionView {
+    pub skill: SkillRow,
+    pub revision: RevisionRow,
+    pub digest: Digest,
+    pub manifest: Arc<Manifest>,
+}
+
+/// Where a file's bytes are.
+#[derive(Debug)]
+pub enum FileContent {
+    /// In the revision cache on local disk (serve without copying through memory).
+    Path(PathBuf),
+    Bytes(bytes::Bytes),
+}
+
+impl Registry {
+    /// The active skill `name`, or `not_found`.
+    pub async fn skill(&self, workspace: &str, name: &str) -> Result<SkillRow> {
+        self.meta
+            .active_skill(workspace, name)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound(format!("no skill {name:?} in workspace {workspace:?}")))
+    }
+
+    pub async fn list_skills(&self, workspace: &str) -> Result<Vec<SkillSummary>> {
+        let mut out = Vec::new();
+        for s in self.meta.list_skills(workspace).await? {
+            let cur = if s.current_revision > 0 { self.meta.revision(&s.id, s.current_revision).await? } else { None };
+            out.push(summary(&s, cur.as_ref()));
+        }
+        Ok(out)
+    }
+
+    pub async fn skill_summary(&self, workspace: &str, name: &str) -> Result<(SkillSummary, Option<RevisionRow>)> {
+        let s = self.skill(workspace, name).await?;
+        let cur = if s.current_revision > 0 { self.meta.revision(&s.id, s.current_revision).await? } else { None };
+        Ok((summary(&s, cur.as_ref()), cur))
+    }
+
+    pub async fn revisions(&self, workspace: &str, name: &str) -> Result<Vec<RevisionRow>> {
+        let s = self.skill(workspace, name).await?;
+        self.meta.revisions(&s.id).await
+    }
+
+    /// A revision by number or `current`, with its manifest. Revoked revisions answer
+    /// `revision_revoked`.
+    pub async fn revision(&self, workspace: &str, name: &str, sel: RevSel) -> Result<RevisionView> {
+        let skill = self.skill(workspace, name).await?;
+        let n = match sel {
+            RevSel::Current if skill.current_revision == 0 => {
+                return Err(RegistryError::NotFound(format!("skill {name:?} has no current revision")));
+            }
+            RevSel::Current => skill.current_revision,
+            RevSel::Number(n) => n,
+        };
+        let revision = self
+            .meta
+            .revision(&skill.id, n)
+            .await?
+            .ok_or_else(|| RegistryError::NotFound(format!("skill {name:?} has no revision {n}")))?;
+        match revision.state.as_str() {
+            "available" => {}
+            "revoked" => {
+                return Err(RegistryError::RevisionRevoked(format!(
+                    "revision {n} of {name:?} is revoked: {}",
+                    revision.state_reason.as_deref().unwrap_or("no reason given")
+                )));
+            }
+            other => return Err(RegistryError::NotFound(format!("revision {n} of {name:?} is {other}"))),
+        }
+        let digest: Digest = revision.digest.parse().map_err(RegistryError::internal)?;
+        let manifest = self.manifest(&digest).await?;
+        Ok(RevisionView { skill, revision, digest, manifest })
+    }
+
+    /// A file of a revision: the entry and where its bytes are.
+    pub async fn file(&self, view: &RevisionView, path: &str) -> Result<(FileEntry, FileContent)> {
+        let entry = view
+            .manifest
+            .get(path)
+            .cloned()
+            .ok_or_else(|| RegistryError::NotFound(format!("revision {} has no file {path:?}", view.revision.revision)))?;
+        let on_disk = self.cache.tree_path(&view.digest).join(&entry.path);
+        if on_disk.is_file() {
+            return Ok((entry, FileContent::Path(on_disk)));
+        }
+        let bytes = self.blob(&entry.sha256).await?;
+        Ok((entry, FileContent::Bytes(bytes)))
+    }
+
+    pub(crate) async fn blob(&self, sha: &Sha256) -> Result<bytes::Bytes> {
+        self.content.get_blob(sha).await?.ok_or_else(|| RegistryError::Internal(format!("blob {sha} missing from the content store")))
+    }
+
+    /// The deterministic tar of a revision.
+    pub async fn archive(&self, view: &RevisionView) -> Result<Vec<u8>> {
+        let tree = self.cache.tree_path(&view.digest);
+        let manifest = view.manifest.clone();
+        tokio::task::spawn_blocking(move || {
+            skillbox_package::write::write_tar(Vec::new(), &manifest, &skillbox_package::write::DirSource(&tree))
+        })
+        .await
+        .map_err(RegistryError::internal)?
+        .map_err(|e| RegistryError::Internal(format!("building the archive: {e}")))
+    }
+
+    /// Rollback: moves the pointer to `revision` when it is `base` now.
+    pub async fn move_current(&self, workspace: &str, name: &str, revision: i64, base: i64) -> Result<()> {
+        let skill = self.skill(workspace, name).await?;
+        match self.meta.move_current(workspace, &skill, revision, base).await? {
+            None => {
+                self.notify_change();
+                Ok(())
+            }
+            Some(current_revision) => Err(RegistryError::RevisionConflict { current_revision, base_revision: base }),
+        }
+    }
+
+    pub async fn delete_skill(&self, workspace: &str, name: &str) -> Result<SkillRow> {
+        let skill = self.skill(workspace, name).await?;
+        if !self.meta.delete_skill(workspace, &skill).await? {
+            return Err(RegistryError::NotFound(format!("no skill {name:?} in workspace {workspace:?}")));
+        }
+        self.notify_change();
+        Ok(skill)
+    }
+}
+
+fn summary(s: &SkillRow, cur: Option<&RevisionRow>) -> SkillSummary {
+    SkillSummary {
+        id: s.id.clone(),
+        name: s.name.clone(),
+        description: cur.and_then(|r| r.frontmatter.get("description")).and_then(|d| d.as_str()).map(str::to_string),
+        current_revision: s.current_revision,
+        current_digest: cur.map(|r| r.digest.clone()),
+        state: s.state.clone(),
+        created_at: s.created_at,
+        updated_at: s.updated_at,
+    }
+}

@@ -1,0 +1,524 @@
+//! Route handlers. Each: authenticate, authorize for the workspace, call the registry.
+
+use crate::error::{ApiError, ApiResult};
+use crate::{AppState, SharedState};
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use skillbox_package::ArchiveFormat;
+use skillbox_registry::{FileContent, Principal, RevSel, Role};
+use std::sync::atomic::Ordering;
+use tokio::io::AsyncWriteExt;
+
+pub fn routes() -> Router<SharedState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .route("/v1/workspaces/{ws}/skills", get(list_skills))
+        .route("/v1/workspaces/{ws}/skills/{name}", get(skill_detail).delete(delete_skill))
+        .route("/v1/workspaces/{ws}/skills/{name}/revisions", post(publish).get(list_revisions))
+        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}", get(revision_detail))
+        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}", get(revision_file))
+        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive", get(revision_archive))
+        .route("/v1/workspaces/{ws}/skills/{name}/current", axum::routing::put(move_current))
+        .route("/v1/workspaces/{ws}/drafts", post(create_draft))
+        .route("/v1/workspaces/{ws}/drafts/{id}", get(draft_detail).put(rebase_draft).delete(delete_draft))
+        .route(
+            "/v1/workspaces/{ws}/drafts/{id}/files/{*path}",
+            get(draft_file_get).put(draft_file_put).delete(draft_file_delete),
+        )
+        .route("/v1/workspaces/{ws}/drafts/{id}/publish", post(publish_draft))
+        .route("/v1/workspaces/{ws}/events", get(events))
+        .route("/v1/admin/tokens", post(create_token))
+        .route("/v1/admin/fsck", post(fsck))
+        .layer(axum::extract::DefaultBodyLimit::max(2 * 1024 * 1024))
+        .fallback(|| async { ApiError::not_found("no such route; see /openapi.json") })
+}
+
+// ---------- auth ----------
+
+async fn principal(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ApiError::unauthorized("Authorization must be 'Bearer <token>'"))?;
+    state
+        .registry
+        .authenticate(token, &state.cfg.admin_token)
+        .await?
+        .ok_or_else(|| ApiError::unauthorized("unknown token"))
+}
+
+/// Authorizes `role` in workspace `ws`. A token of another workspace learns nothing: `not_found`.
+async fn authorize(state: &AppState, headers: &HeaderMap, ws: &str, role: Role) -> ApiResult<Principal> {
+    let p = principal(state, headers).await?;
+    match &p {
+        Principal::ServerAdmin => {}
+        Principal::Workspace { workspace, role: have } => {
+            if workspace != ws {
+                return Err(ApiError::not_found(format!("no workspace {ws:?}")));
+            }
+            if *have < role {
+                return Err(ApiError::forbidden(format!(
+                    "this needs the {} role; the token has {}",
+                    role.as_str(),
+                    have.as_str()
+                )));
+            }
+        }
+    }
+    Ok(p)
+}
+
+async fn authorize_server_admin(state: &AppState, headers: &HeaderMap) -> ApiResult<()> {
+    match principal(state, headers).await? {
+        Principal::ServerAdmin => Ok(()),
+        _ => Err(ApiError::forbidden("this needs the server's admin token")),
+    }
+}
+
+// ---------- operational ----------
+
+async fn healthz(State(s): State<SharedState>) -> ApiResult<Json<Value>> {
+    sqlx_ping(&s).await?;
+    Ok(Json(json!({"status": "ok"})))
+}
+
+async fn sqlx_ping(s: &AppState) -> ApiResult<()> {
+    s.registry.events_after("healthz", i64::MAX, 1).await.map(|_| ()).map_err(ApiError::from)
+}
+
+async fn metrics(State(s): State<SharedState>) -> Response {
+    let blobs = s.registry.data_dir().join("store/blobs/sha256");
+    let trees = s.registry.data_dir().join("trees");
+    let (count, bytes, tree_count) = tokio::task::spawn_blocking(move || {
+        let mut count = 0u64;
+        let mut bytes = 0u64;
+        if let Ok(rd) = std::fs::read_dir(&blobs) {
+            for e in rd.flatten() {
+                count += 1;
+                bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+        let trees = std::fs::read_dir(&trees).map(|rd| rd.count() as u64).unwrap_or(0);
+        (count, bytes, trees)
+    })
+    .await
+    .unwrap_or((0, 0, 0));
+    let body = s.metrics.render(&[
+        ("skillbox_store_blobs", "Blobs in the content store.", count),
+        ("skillbox_store_blob_bytes", "Bytes of blobs in the content store.", bytes),
+        ("skillbox_revision_cache_trees", "Trees in the revision cache.", tree_count),
+    ]);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+async fn openapi() -> Json<Value> {
+    Json(crate::openapi::document())
+}
+
+// ---------- skills and revisions ----------
+
+async fn list_skills(State(s): State<SharedState>, Path(ws): Path<String>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let skills = s.registry.list_skills(&ws).await?;
+    Ok(Json(json!({"skills": skills})))
+}
+
+async fn skill_detail(State(s): State<SharedState>, Path((ws, name)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let (summary, current) = s.registry.skill_summary(&ws, &name).await?;
+    let mut v = serde_json::to_value(&summary).map_err(|e| ApiError::internal(e.to_string()))?;
+    v["frontmatter"] = current.map(|r| r.frontmatter).unwrap_or(Value::Null);
+    Ok(Json(v))
+}
+
+async fn delete_skill(State(s): State<SharedState>, Path((ws, name)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Admin).await?;
+    let skill = s.registry.delete_skill(&ws, &name).await?;
+    Ok(Json(json!({"skill_id": skill.id, "name": skill.name, "state": "deleted"})))
+}
+
+#[derive(Deserialize)]
+struct PublishQuery {
+    base_revision: Option<i64>,
+}
+
+async fn publish(
+    State(s): State<SharedState>,
+    Path((ws, name)): Path<(String, String)>,
+    Query(q): Query<PublishQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let who = authorize(&s, &headers, &ws, Role::Author).await?;
+    let base = q.base_revision.unwrap_or(0);
+    if base < 0 {
+        return Err(ApiError::bad_request("base_revision must be 0 (create) or a revision number"));
+    }
+    let cap = s.cfg.max_upload_bytes;
+    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+        if len > cap {
+            return Err(ApiError::too_large(format!("upload is {len} bytes; the limit is {cap}")));
+        }
+    }
+    let format = match headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
+        None | Some("application/octet-stream") => None,
+        Some(ct) => Some(ArchiveFormat::from_content_type(ct).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unsupported content type {ct:?}: send application/zip, application/x-tar or application/gzip"
+            ))
+        })?),
+    };
+    let staging = s.registry.new_staging("upload-")?;
+    spool(body, &staging.path().join("upload"), cap).await?;
+    let result = s.registry.publish_archive(&ws, &name, base, staging, format, &who.label()).await;
+    count_publish(&s, &result);
+    let published = result?;
+    let status = if published.replayed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(serde_json::to_value(&published).map_err(|e| ApiError::internal(e.to_string()))?)))
+}
+
+fn count_publish<T>(s: &AppState, r: &Result<T, skillbox_registry::RegistryError>) {
+    let counter = match r {
+        Ok(_) => &s.metrics.publishes,
+        Err(skillbox_registry::RegistryError::RevisionConflict { .. }) => &s.metrics.conflicts,
+        Err(skillbox_registry::RegistryError::InvalidPackage { .. }) => &s.metrics.invalid_packages,
+        Err(_) => return,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Streams a request body to `path`, refusing more than `cap` bytes.
+async fn spool(body: Body, path: &std::path::Path, cap: u64) -> ApiResult<()> {
+    let mut file = tokio::fs::File::create(path).await.map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
+        total += chunk.len() as u64;
+        if total > cap {
+            return Err(ApiError::too_large(format!("upload exceeds the limit of {cap} bytes")));
+        }
+        file.write_all(&chunk).await.map_err(|e| ApiError::internal(e.to_string()))?;
+    }
+    file.flush().await.map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(())
+}
+
+async fn list_revisions(State(s): State<SharedState>, Path((ws, name)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let revs = s.registry.revisions(&ws, &name).await?;
+    Ok(Json(json!({"revisions": revs})))
+}
+
+async fn revision_detail(
+    State(s): State<SharedState>,
+    Path((ws, name, rev)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let view = s.registry.revision(&ws, &name, rev.parse::<RevSel>()?).await?;
+    let r = &view.revision;
+    Ok(Json(json!({
+        "skill": view.skill.name,
+        "skill_id": view.skill.id,
+        "revision": r.revision,
+        "digest": r.digest,
+        "parent_revision": r.parent_revision,
+        "state": r.state,
+        "publisher": r.publisher,
+        "published_at": r.published_at,
+        "file_count": r.file_count,
+        "size": r.size,
+        "manifest": view.manifest.entries(),
+        "frontmatter": r.frontmatter,
+    })))
+}
+
+fn content_type_for(path: &str) -> &'static str {
+    let ext = path.rsplit('.').next().unwrap_or("");
+    match ext {
+        "md" => "text/markdown; charset=utf-8",
+        "txt" | "py" | "sh" | "js" | "ts" | "toml" | "yaml" | "yml" | "csv" | "rs" => "text/plain; charset=utf-8",
+        "json" => "application/json",
+        "html" => "text/html; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+async fn revision_file(
+    State(s): State<SharedState>,
+    Path((ws, name, rev, path)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let view = s.registry.revision(&ws, &name, rev.parse::<RevSel>()?).await?;
+    let (entry, content) = s.registry.file(&view, &path).await?;
+    file_response(&headers, &entry, content).await
+}
+
+/// A file's bytes with `ETag: "sha256:<hex>"`; `If-None-Match` answers 304.
+pub(crate) async fn file_response(headers: &HeaderMap, entry: &skillbox_package::FileEntry, content: FileContent) -> ApiResult<Response> {
+    let etag = format!("\"sha256:{}\"", entry.sha256);
+    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
+    }
+    let body = match content {
+        FileContent::Bytes(b) => Body::from(b),
+        FileContent::Path(p) => {
+            let f = tokio::fs::File::open(&p).await.map_err(|e| ApiError::internal(e.to_string()))?;
+            Body::from_stream(tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024))
+        }
+    };
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(header::ETAG, HeaderValue::from_str(&etag).map_err(|e| ApiError::internal(e.to_string()))?);
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type_for(&entry.path)));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+    Ok(resp)
+}
+
+async fn revision_archive(
+    State(s): State<SharedState>,
+    Path((ws, name, rev)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let view = s.registry.revision(&ws, &name, rev.parse::<RevSel>()?).await?;
+    let tar = s.registry.archive(&view).await?;
+    let disposition = format!("attachment; filename=\"{}-{}.tar\"", view.skill.name, view.revision.revision);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-tar".to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+            (header::HeaderName::from_static("x-skillbox-digest"), view.digest.to_string()),
+        ],
+        tar,
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct MoveCurrent {
+    revision: i64,
+    base_revision: i64,
+}
+
+async fn move_current(
+    State(s): State<SharedState>,
+    Path((ws, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(body): Json<MoveCurrent>,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Author).await?;
+    let r = s.registry.move_current(&ws, &name, body.revision, body.base_revision).await;
+    count_publish(&s, &r);
+    if r.is_ok() {
+        // A pointer move is not a publish.
+        s.metrics.publishes.fetch_sub(1, Ordering::Relaxed);
+    }
+    r?;
+    Ok(Json(json!({"skill": name, "current_revision": body.revision})))
+}
+
+// ---------- drafts ----------
+
+#[derive(Deserialize)]
+struct CreateDraft {
+    skill: String,
+    #[serde(default)]
+    base_revision: i64,
+}
+
+async fn create_draft(
+    State(s): State<SharedState>,
+    Path(ws): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<CreateDraft>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    authorize(&s, &headers, &ws, Role::Author).await?;
+    let d = s.registry.create_draft(&ws, &body.skill, body.base_revision).await?;
+    Ok((StatusCode::CREATED, Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision}))))
+}
+
+async fn draft_detail(State(s): State<SharedState>, Path((ws, id)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let d = s.registry.draft(&ws, &id).await?;
+    let files = s.registry.draft_files(&ws, &id).await?;
+    Ok(Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision,
+                   "created_at": d.created_at, "updated_at": d.updated_at, "files": files})))
+}
+
+#[derive(Deserialize)]
+struct Rebase {
+    base_revision: i64,
+}
+
+async fn rebase_draft(
+    State(s): State<SharedState>,
+    Path((ws, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(body): Json<Rebase>,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Author).await?;
+    let d = s.registry.set_draft_base(&ws, &id, body.base_revision).await?;
+    Ok(Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision})))
+}
+
+async fn delete_draft(State(s): State<SharedState>, Path((ws, id)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<StatusCode> {
+    authorize(&s, &headers, &ws, Role::Author).await?;
+    s.registry.delete_draft(&ws, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn draft_file_get(
+    State(s): State<SharedState>,
+    Path((ws, id, path)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let (f, bytes) = s.registry.draft_file(&ws, &id, &path).await?;
+    let sha = skillbox_package::Sha256::from_hex(&f.sha256).ok_or_else(|| ApiError::internal("bad hash"))?;
+    let entry = skillbox_package::FileEntry { path: f.path, size: f.size as u64, sha256: sha, executable: f.executable };
+    file_response(&headers, &entry, FileContent::Bytes(bytes)).await
+}
+
+#[derive(Deserialize)]
+struct PutFileQuery {
+    #[serde(default)]
+    executable: bool,
+}
+
+async fn draft_file_put(
+    State(s): State<SharedState>,
+    Path((ws, id, path)): Path<(String, String, String)>,
+    Query(q): Query<PutFileQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Author).await?;
+    let cap = s.registry.config().limits.max_file_size as usize;
+    let bytes = axum::body::to_bytes(body, cap)
+        .await
+        .map_err(|_| ApiError::too_large(format!("file exceeds the limit of {cap} bytes")))?;
+    let f = s.registry.put_draft_file(&ws, &id, &path, bytes, q.executable).await?;
+    Ok(Json(serde_json::to_value(f).map_err(|e| ApiError::internal(e.to_string()))?))
+}
+
+async fn draft_file_delete(
+    State(s): State<SharedState>,
+    Path((ws, id, path)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    authorize(&s, &headers, &ws, Role::Author).await?;
+    s.registry.delete_draft_file(&ws, &id, &path).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn publish_draft(
+    State(s): State<SharedState>,
+    Path((ws, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let who = authorize(&s, &headers, &ws, Role::Author).await?;
+    let r = s.registry.publish_draft(&ws, &id, &who.label()).await;
+    count_publish(&s, &r);
+    let p = r?;
+    let status = if p.replayed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(serde_json::to_value(p).map_err(|e| ApiError::internal(e.to_string()))?)))
+}
+
+// ---------- events ----------
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    after: Option<i64>,
+    #[serde(default = "yes")]
+    follow: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The event log as SSE, resuming after `?after=SEQ` (or `Last-Event-ID`). New events are
+/// noticed through an in-process signal, and by polling for writers in other processes.
+async fn events(
+    State(s): State<SharedState>,
+    Path(ws): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    authorize(&s, &headers, &ws, Role::Reader).await?;
+    let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let after = q.after.or(last_event_id).unwrap_or(0);
+    struct St {
+        s: SharedState,
+        ws: String,
+        after: i64,
+        pending: std::collections::VecDeque<skillbox_registry::Event>,
+        rx: tokio::sync::watch::Receiver<u64>,
+        follow: bool,
+    }
+    let rx = s.registry.subscribe();
+    let init = St { s, ws, after, pending: Default::default(), rx, follow: q.follow };
+    let stream = futures_util::stream::unfold(init, |mut st| async move {
+        loop {
+            if let Some(e) = st.pending.pop_front() {
+                st.after = e.seq;
+                let data = json!({"seq": e.seq, "kind": e.kind, "at": e.at, "data": e.data}).to_string();
+                let ev = SseEvent::default().id(e.seq.to_string()).event(e.kind).data(data);
+                return Some((Ok::<_, std::convert::Infallible>(ev), st));
+            }
+            match st.s.registry.events_after(&st.ws, st.after, 256).await {
+                Ok(batch) if !batch.is_empty() => st.pending.extend(batch),
+                Ok(_) if !st.follow => return None,
+                Ok(_) => {
+                    let _ = tokio::time::timeout(std::time::Duration::from_millis(500), st.rx.changed()).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "event stream query failed");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+}
+
+// ---------- admin ----------
+
+#[derive(Deserialize)]
+struct CreateToken {
+    workspace: String,
+    role: String,
+}
+
+async fn create_token(State(s): State<SharedState>, headers: HeaderMap, Json(body): Json<CreateToken>) -> ApiResult<(StatusCode, Json<Value>)> {
+    authorize_server_admin(&s, &headers).await?;
+    let role = Role::parse(&body.role)
+        .ok_or_else(|| ApiError::bad_request(format!("unknown role {:?}: use reader, author, runner or admin", body.role)))?;
+    let token = s.registry.create_token(&body.workspace, role).await?;
+    Ok((StatusCode::CREATED, Json(json!({"token": token, "workspace": body.workspace, "role": role.as_str()}))))
+}
+
+async fn fsck(State(s): State<SharedState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize_server_admin(&s, &headers).await?;
+    let report = s.registry.fsck().await?;
+    Ok(Json(serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?))
+}

@@ -1,0 +1,141 @@
+//! `skillbox serve`: the server on the embedded default (SQLite + local content store).
+
+use anyhow::{Context, bail};
+use skillbox_package::Limits;
+use skillbox_registry::{Registry, RegistryConfig};
+use skillbox_server::{AppState, ServerConfig};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SKILLBOX_LISTEN", default_value = "127.0.0.1:7420")]
+    pub listen: String,
+    /// Data directory: embedded SQLite, local content store, revision cache, admin token.
+    #[arg(long, env = "SKILLBOX_DATA_DIR", default_value = "./skillbox-data")]
+    pub data_dir: PathBuf,
+    /// Sandbox backend: bwrap, docker or none (default: bwrap when its probe passes, else none).
+    #[arg(long = "box", env = "SKILLBOX_BOX")]
+    pub box_backend: Option<String>,
+    /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
+    #[arg(long, env = "SKILLBOX_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Reject unknown SKILL.md frontmatter keys instead of warning.
+    #[arg(long, env = "SKILLBOX_STRICT")]
+    pub strict: bool,
+    /// Most files in a package.
+    #[arg(long, env = "SKILLBOX_MAX_FILES", default_value_t = Limits::default().max_files)]
+    pub max_files: usize,
+    /// Largest file in a package, bytes.
+    #[arg(long, env = "SKILLBOX_MAX_FILE_SIZE", default_value_t = Limits::default().max_file_size)]
+    pub max_file_size: u64,
+    /// Largest package, uncompressed bytes.
+    #[arg(long, env = "SKILLBOX_MAX_TOTAL_SIZE", default_value_t = Limits::default().max_total_size)]
+    pub max_total_size: u64,
+    /// Request timeout in seconds.
+    #[arg(long, env = "SKILLBOX_REQUEST_TIMEOUT", default_value_t = 300)]
+    pub request_timeout: u64,
+    /// Log format: text or json.
+    #[arg(long, env = "SKILLBOX_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// The admin token: `SKILLBOX_ADMIN_TOKEN`, else `<data-dir>/admin-token` (generated, 0600).
+fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
+    if let Ok(t) = std::env::var("SKILLBOX_ADMIN_TOKEN") {
+        if !t.trim().is_empty() {
+            return Ok(t.trim().to_string());
+        }
+    }
+    let path = data_dir.join("admin-token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).context(format!("reading {}", path.display())),
+    }
+    let token = skillbox_registry::auth::generate_token();
+    let tmp = data_dir.join(format!(".admin-token.{}", std::process::id()));
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        f.write_all(token.as_bytes())?;
+        f.sync_all()?;
+    }
+    // Another server starting on the same directory may have won: theirs is kept.
+    match std::fs::hard_link(&tmp, &path) {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "generated the admin token");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::remove_file(&tmp)?;
+    Ok(std::fs::read_to_string(&path)?.trim().to_string())
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    init_logging(&a.log_format);
+    match a.box_backend.as_deref() {
+        None => tracing::warn!(
+            "no sandbox backend: the bwrap backend is not built yet, so `--box none` is in effect: \
+activation and reads work, exec answers box_unavailable"
+        ),
+        Some("none") => {}
+        Some(b @ ("bwrap" | "docker")) => bail!(
+            "the {b} sandbox backend is not built yet in this version; start with --box none \
+(activation and reads work; exec answers box_unavailable)"
+        ),
+        Some(other) => bail!("unknown sandbox backend {other:?}: use bwrap, docker or none"),
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
+        let admin_token = admin_token(&a.data_dir)?;
+        let limits = Limits { max_files: a.max_files, max_file_size: a.max_file_size, max_total_size: a.max_total_size, ..Limits::default() };
+        let cfg = RegistryConfig { data_dir: a.data_dir.clone(), database_url: a.database_url.clone(), limits, strict: a.strict };
+        let registry = Registry::open(cfg).await.context("opening the registry")?;
+        let state = Arc::new(AppState {
+            registry,
+            cfg: ServerConfig {
+                admin_token,
+                // Archive overhead (headers, padding, central directory) on top of the content.
+                max_upload_bytes: limits.max_total_size + 16 * 1024 * 1024,
+                request_timeout: std::time::Duration::from_secs(a.request_timeout),
+            },
+            metrics: Default::default(),
+        });
+        let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+        tracing::info!(listen = %listener.local_addr()?, data_dir = %a.data_dir.display(), "skillbox serving");
+        skillbox_server::serve(listener, state, shutdown_signal()).await?;
+        tracing::info!("stopped");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}
