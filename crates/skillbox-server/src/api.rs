@@ -187,15 +187,17 @@ async fn publish(
     let staging = s.registry.new_staging("upload-")?;
     spool(body, &staging.path().join("upload"), cap).await?;
     let result = s.registry.publish_archive(&ws, &name, base, staging, format, &who.label()).await;
-    count_publish(&s, &result);
+    count_publish(&s, &result, true);
     let published = result?;
     let status = if published.replayed { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(serde_json::to_value(&published).map_err(|e| ApiError::internal(e.to_string()))?)))
 }
 
-fn count_publish<T>(s: &AppState, r: &Result<T, skillbox_registry::RegistryError>) {
+/// Counts a publish (or, with `published = false`, a pointer move) by its outcome.
+fn count_publish<T>(s: &AppState, r: &Result<T, skillbox_registry::RegistryError>, published: bool) {
     let counter = match r {
-        Ok(_) => &s.metrics.publishes,
+        Ok(_) if published => &s.metrics.publishes,
+        Ok(_) => return,
         Err(skillbox_registry::RegistryError::RevisionConflict { .. }) => &s.metrics.conflicts,
         Err(skillbox_registry::RegistryError::InvalidPackage { .. }) => &s.metrics.invalid_packages,
         Err(_) => return,
@@ -327,11 +329,7 @@ async fn move_current(
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Author).await?;
     let r = s.registry.move_current(&ws, &name, body.revision, body.base_revision).await;
-    count_publish(&s, &r);
-    if r.is_ok() {
-        // A pointer move is not a publish.
-        s.metrics.publishes.fetch_sub(1, Ordering::Relaxed);
-    }
+    count_publish(&s, &r, false);
     r?;
     Ok(Json(json!({"skill": name, "current_revision": body.revision})))
 }
@@ -437,7 +435,7 @@ async fn publish_draft(
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let who = authorize(&s, &headers, &ws, Role::Author).await?;
     let r = s.registry.publish_draft(&ws, &id, &who.label()).await;
-    count_publish(&s, &r);
+    count_publish(&s, &r, true);
     let p = r?;
     let status = if p.replayed { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, Json(serde_json::to_value(p).map_err(|e| ApiError::internal(e.to_string()))?)))

@@ -1,0 +1,146 @@
+//! Test support: real `skillbox serve` processes on temporary data directories, and package
+//! builders.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const ADMIN: &str = "test-admin-token-0123456789";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_skillbox")
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running `skillbox serve`.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub data_dir: PathBuf,
+    pub port: u16,
+}
+
+impl Server {
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Server {
+        let port = free_port();
+        Self::start_on(data_dir, port, extra)
+    }
+
+    pub fn start_on(data_dir: &Path, port: u16, extra: &[&str]) -> Server {
+        let child = Command::new(bin())
+            .args(["serve", "--box", "none", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("SKILLBOX_ADMIN_TOKEN", ADMIN)
+            .env("SKILLBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn skillbox serve");
+        let s = Server { child, url: format!("http://127.0.0.1:{port}"), data_dir: data_dir.to_path_buf(), port };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
+                use std::io::{Read, Write};
+                let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
+                let mut buf = String::new();
+                let _ = stream.read_to_string(&mut buf);
+                if buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("server on port {} did not become ready", self.port);
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    pub fn ws(&self, ws: &str, rest: &str) -> String {
+        format!("{}/v1/workspaces/{ws}/{rest}", self.url)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap()
+}
+
+/// A tar of these files (mode 0755 for paths ending in .sh); paths up to 100 bytes.
+pub fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, content) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(content.len() as u64);
+        h.set_mode(if path.ends_with(".sh") { 0o755 } else { 0o644 });
+        h.set_entry_type(tar::EntryType::Regular);
+        // Raw name bytes: the tar crate refuses to write hostile paths like `../x` itself.
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_cksum();
+        b.append(&h, *content).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+pub fn skill_md(name: &str, desc: &str) -> String {
+    format!("---\nname: {name}\ndescription: {desc}\n---\n# {name}\nInstructions.\n")
+}
+
+/// A small valid package of `name` whose content depends on `variant`.
+pub fn package(name: &str, variant: &str) -> Vec<u8> {
+    let md = skill_md(name, &format!("variant {variant}"));
+    tar_of(&[("SKILL.md", md.as_bytes()), ("scripts/run.sh", format!("echo {variant}\n").as_bytes())])
+}
+
+pub async fn publish(c: &reqwest::Client, s: &Server, token: &str, ws: &str, name: &str, base: i64, body: Vec<u8>) -> (u16, Value) {
+    let r = c
+        .post(s.ws(ws, &format!("skills/{name}/revisions?base_revision={base}")))
+        .bearer_auth(token)
+        .header("content-type", "application/x-tar")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+pub async fn get(c: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
+    let r = c.get(url).bearer_auth(token).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+pub async fn token(c: &reqwest::Client, s: &Server, ws: &str, role: &str) -> String {
+    let r = c
+        .post(format!("{}/v1/admin/tokens", s.url))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"workspace": ws, "role": role}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    r.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string()
+}
+
+pub fn error_code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("")
+}
