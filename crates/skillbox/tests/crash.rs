@@ -1,0 +1,131 @@
+//! Crash safety (SPEC §4.1, §8.10): publishes in a loop while the server is `kill -9`ed at
+//! random moments, 100 times. After every restart: every acknowledged publish is present with
+//! its digest, no partial revision is visible, the pointer names a complete revision; at the
+//! end `fsck` is clean and staging is empty.
+
+mod support;
+use serde_json::Value;
+use std::sync::{Arc, Mutex};
+use support::*;
+
+const KILLS: usize = 100;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn bulky_package(n: u64) -> Vec<u8> {
+    let md = skill_md("crashy", &format!("publish {n}"));
+    let files: Vec<(String, Vec<u8>)> = (0..24).map(|i| (format!("data/f{i}.txt"), format!("{n}:{i}:").repeat(400).into_bytes())).collect();
+    let mut all: Vec<(&str, &[u8])> = vec![("SKILL.md", md.as_bytes())];
+    all.extend(files.iter().map(|(p, c)| (p.as_str(), c.as_slice())));
+    tar_of(&all)
+}
+
+/// Checks the registry against what was acknowledged; returns the current revision.
+async fn verify(c: &reqwest::Client, s: &Server, acked: &[(i64, String)], checked: &mut usize) -> i64 {
+    let (st, v) = get(c, &s.ws("acme", "skills/crashy/revisions"), ADMIN).await;
+    if st == 404 {
+        assert!(acked.is_empty(), "acknowledged publishes lost: {acked:?}");
+        return 0;
+    }
+    let revs = v["revisions"].as_array().unwrap().clone();
+    for (rev, digest) in acked {
+        let found = revs.iter().find(|r| r["revision"].as_i64() == Some(*rev)).unwrap_or_else(|| panic!("acknowledged r{rev} lost"));
+        assert_eq!(found["digest"].as_str(), Some(digest.as_str()), "r{rev} changed digest");
+    }
+    // Every visible revision is complete: its manifest loads and its archive matches its digest.
+    let mut numbers: Vec<i64> = revs.iter().map(|r| r["revision"].as_i64().unwrap()).collect();
+    numbers.sort();
+    for n in numbers.iter().skip(*checked) {
+        let (st, detail) = get(c, &s.ws("acme", &format!("skills/crashy/revisions/{n}")), ADMIN).await;
+        assert_eq!(st, 200, "r{n}: {detail}");
+        let tar = c.get(s.ws("acme", &format!("skills/crashy/revisions/{n}/archive"))).bearer_auth(ADMIN).send().await.unwrap();
+        assert_eq!(tar.status(), 200);
+        let tar = tar.bytes().await.unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let intake = skillbox_package::intake::extract_tar(&tar[..], false, t.path(), &Default::default()).unwrap();
+        let d = skillbox_package::Manifest::new(intake.files).unwrap().digest().to_string();
+        assert_eq!(Some(d.as_str()), detail["digest"].as_str(), "r{n} content does not match its digest");
+    }
+    *checked = numbers.len();
+    let (_, skill) = get(c, &s.ws("acme", "skills/crashy"), ADMIN).await;
+    let cur = skill["current_revision"].as_i64().unwrap();
+    assert!(numbers.contains(&cur), "pointer names r{cur}, which is not a complete revision");
+    cur
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_during_publishes_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    eprintln!("seed {seed}");
+    let mut rng = Rng(seed);
+    let c = http();
+    let acked: Arc<Mutex<Vec<(i64, String)>>> = Arc::default();
+    let mut checked = 0usize;
+    let mut counter = 0u64;
+    let mut kills_mid_request = 0;
+    for _ in 0..KILLS {
+        let mut s = Server::start_on(dir.path(), port, &[]);
+        let snapshot = acked.lock().unwrap().clone();
+        let mut base = verify(&c, &s, &snapshot, &mut checked).await;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = {
+            let (c, url_base, acked, stop, in_flight) = (c.clone(), s.ws("acme", "skills/crashy"), acked.clone(), stop.clone(), in_flight.clone());
+            counter += 1000;
+            let mut n = counter;
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    n += 1;
+                    in_flight.store(true, std::sync::atomic::Ordering::SeqCst);
+                    let r = c
+                        .post(format!("{url_base}/revisions?base_revision={base}"))
+                        .bearer_auth(ADMIN)
+                        .header("content-type", "application/x-tar")
+                        .body(bulky_package(n))
+                        .send()
+                        .await;
+                    let Ok(r) = r else { break };
+                    let st = r.status().as_u16();
+                    let Ok(v) = r.json::<Value>().await else { break };
+                    in_flight.store(false, std::sync::atomic::Ordering::SeqCst);
+                    match st {
+                        201 => {
+                            let rev = v["revision"].as_i64().unwrap();
+                            acked.lock().unwrap().push((rev, v["digest"].as_str().unwrap().to_string()));
+                            base = rev;
+                        }
+                        409 => base = v["error"]["current_revision"].as_i64().unwrap(),
+                        other => panic!("unexpected {other}: {v}"),
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(rng.next() % 150)).await;
+        if in_flight.load(std::sync::atomic::Ordering::SeqCst) {
+            kills_mid_request += 1;
+        }
+        s.kill9();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = task.await;
+    }
+    let s = Server::start_on(dir.path(), port, &[]);
+    let staging: Vec<_> = std::fs::read_dir(dir.path().join("staging")).unwrap().collect();
+    assert!(staging.is_empty(), "staging not swept after restart: {staging:?}");
+    let snapshot = acked.lock().unwrap().clone();
+    verify(&c, &s, &snapshot, &mut checked).await;
+    let fsck: Value = c.post(format!("{}/v1/admin/fsck", s.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    assert_eq!(fsck["ok"], true, "{fsck}");
+    eprintln!("{} acknowledged publishes, {kills_mid_request} of {KILLS} kills landed mid-request", snapshot.len());
+    assert!(snapshot.len() > KILLS / 2, "too few publishes to mean anything: {}", snapshot.len());
+    assert!(kills_mid_request > KILLS / 4, "too few kills landed mid-publish: {kills_mid_request}");
+}
