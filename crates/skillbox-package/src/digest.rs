@@ -155,7 +155,8 @@ impl serde::Serialize for Sha256 {
 impl<'de> serde::Deserialize<'de> for Sha256 {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        Sha256::from_hex(&s).ok_or_else(|| serde::de::Error::custom("expected 64 lowercase hex digits"))
+        Sha256::from_hex(&s)
+            .ok_or_else(|| serde::de::Error::custom("expected 64 lowercase hex digits"))
     }
 }
 

@@ -11,7 +11,7 @@
 use crate::digest::{Hasher, Sha256};
 use crate::limits::Limits;
 use crate::manifest::FileEntry;
-use crate::paths::{PathSet, check_path, check_path_with_max, MAX_COMPONENT_BYTES, MAX_PATH_BYTES};
+use crate::paths::{MAX_COMPONENT_BYTES, MAX_PATH_BYTES, PathSet, check_path, check_path_with_max};
 use crate::problem::Problem;
 use std::cell::Cell;
 use std::fs::{File, OpenOptions};
@@ -21,8 +21,14 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 /// Names a directory publish skips (SPEC §3), in gitignore syntax.
-pub const DEFAULT_EXCLUDES: [&str; 6] =
-    [".git/", "__pycache__/", "*.pyc", ".DS_Store", "node_modules/", ".venv/"];
+pub const DEFAULT_EXCLUDES: [&str; 6] = [
+    ".git/",
+    "__pycache__/",
+    "*.pyc",
+    ".DS_Store",
+    "node_modules/",
+    ".venv/",
+];
 
 /// The file at a package root whose gitignore-syntax lines add excludes.
 pub const SKILLIGNORE: &str = ".skillignore";
@@ -66,7 +72,9 @@ impl ArchiveFormat {
         match ct.split(';').next().unwrap_or("").trim() {
             "application/zip" | "application/x-zip-compressed" => Some(ArchiveFormat::Zip),
             "application/x-tar" | "application/tar" => Some(ArchiveFormat::Tar),
-            "application/gzip" | "application/x-gzip" | "application/x-compressed-tar"
+            "application/gzip"
+            | "application/x-gzip"
+            | "application/x-compressed-tar"
             | "application/x-tar+gzip" => Some(ArchiveFormat::TarGz),
             _ => None,
         }
@@ -125,7 +133,10 @@ impl<'a> Collector<'a> {
     /// (the entry is the archive root itself, or a problem was recorded).
     fn archive_path(&mut self, raw: &[u8], is_dir: bool) -> Option<String> {
         let Ok(text) = std::str::from_utf8(raw) else {
-            self.problems.push(Problem::at_path(display_path(raw), "path is not valid UTF-8"));
+            self.problems.push(Problem::at_path(
+                display_path(raw),
+                "path is not valid UTF-8",
+            ));
             return None;
         };
         // `tar -C dir -cf x.tar .` writes "./name": an encoding artefact, not a path component.
@@ -142,7 +153,11 @@ impl<'a> Collector<'a> {
             self.problems.push(Problem::at_path(name, m));
             return None;
         }
-        let added = if is_dir { self.paths.add_dir(name) } else { self.paths.add_file(name) };
+        let added = if is_dir {
+            self.paths.add_dir(name)
+        } else {
+            self.paths.add_file(name)
+        };
         if let Err(m) = added {
             self.problems.push(Problem::at_path(name, m));
             return None;
@@ -153,13 +168,19 @@ impl<'a> Collector<'a> {
     /// Checks a file's declared size against the limits before any byte is written.
     fn admit_size(&mut self, path: &str, size: u64) -> bool {
         if self.files.len() >= self.limits.max_files {
-            self.abort(Problem::general(format!("package has more than {} files", self.limits.max_files)));
+            self.abort(Problem::general(format!(
+                "package has more than {} files",
+                self.limits.max_files
+            )));
             return false;
         }
         if size > self.limits.max_file_size {
             self.abort(Problem::at_path(
                 path,
-                format!("file is {size} bytes; the limit is {} per file", self.limits.max_file_size),
+                format!(
+                    "file is {size} bytes; the limit is {} per file",
+                    self.limits.max_file_size
+                ),
             ));
             return false;
         }
@@ -175,7 +196,9 @@ impl<'a> Collector<'a> {
 
     fn check_ratio(&mut self, compressed: u64) {
         let l = self.limits;
-        if self.total > l.ratio_floor && self.total > l.max_compression_ratio.saturating_mul(compressed.max(1)) {
+        if self.total > l.ratio_floor
+            && self.total > l.max_compression_ratio.saturating_mul(compressed.max(1))
+        {
             self.abort(Problem::general(format!(
                 "compression ratio exceeds {}:1 ({} bytes from {compressed} compressed): refusing a likely archive bomb",
                 l.max_compression_ratio, self.total
@@ -186,13 +209,14 @@ impl<'a> Collector<'a> {
     /// Ends intake: strips a single top-level directory and re-checks final paths.
     fn finish(mut self, dest: &Path, strip_single_top: bool) -> Intake {
         let mut root = dest.to_path_buf();
-        if strip_single_top && !self.aborted {
-            if let Some(top) = single_top_dir(&self.files) {
-                let prefix_len = top.len() + 1;
-                root = dest.join(&top);
-                for f in &mut self.files {
-                    f.path.drain(..prefix_len);
-                }
+        if strip_single_top
+            && !self.aborted
+            && let Some(top) = single_top_dir(&self.files)
+        {
+            let prefix_len = top.len() + 1;
+            root = dest.join(&top);
+            for f in &mut self.files {
+                f.path.drain(..prefix_len);
             }
         }
         for f in &self.files {
@@ -200,7 +224,12 @@ impl<'a> Collector<'a> {
                 self.problems.push(Problem::at_path(f.path.clone(), m));
             }
         }
-        Intake { root, files: self.files, problems: self.problems, complete: !self.aborted }
+        Intake {
+            root,
+            files: self.files,
+            problems: self.problems,
+            complete: !self.aborted,
+        }
     }
 }
 
@@ -245,7 +274,13 @@ enum CopyError {
 
 /// Creates `dest/path` (never existing before) and copies `src` into it while hashing.
 /// Reads at most `declared + 1` bytes so a lying header cannot make it write more.
-fn write_new_file(dest: &Path, path: &str, src: &mut dyn Read, declared: u64, executable: bool) -> Result<Sha256, CopyError> {
+fn write_new_file(
+    dest: &Path,
+    path: &str,
+    src: &mut dyn Read,
+    declared: u64,
+    executable: bool,
+) -> Result<Sha256, CopyError> {
     let target = dest.join(path);
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).map_err(CopyError::Target)?;
@@ -281,24 +316,42 @@ fn write_new_file(dest: &Path, path: &str, src: &mut dyn Read, declared: u64, ex
 }
 
 /// Writes one file entry; records a problem (and aborts) when the archive misbehaves.
-fn extract_file(c: &mut Collector<'_>, dest: &Path, path: String, src: &mut dyn Read, size: u64, executable: bool) -> io::Result<()> {
+fn extract_file(
+    c: &mut Collector<'_>,
+    dest: &Path,
+    path: String,
+    src: &mut dyn Read,
+    size: u64,
+    executable: bool,
+) -> io::Result<()> {
     if !c.admit_size(&path, size) {
         return Ok(());
     }
     match write_new_file(dest, &path, src, size, executable) {
         Ok(sha256) => {
             c.total += size;
-            c.files.push(FileEntry { path, size, sha256, executable });
+            c.files.push(FileEntry {
+                path,
+                size,
+                sha256,
+                executable,
+            });
             Ok(())
         }
         Err(CopyError::Source(e)) => {
-            c.abort(Problem::at_path(path, format!("archive is truncated or corrupt: {e}")));
+            c.abort(Problem::at_path(
+                path,
+                format!("archive is truncated or corrupt: {e}"),
+            ));
             Ok(())
         }
         Err(CopyError::SizeMismatch { declared, actual }) => {
             c.abort(Problem::at_path(
                 path,
-                format!("entry declares {declared} bytes but holds {}{actual}", if actual > declared { "more than " } else { "" }),
+                format!(
+                    "entry declares {declared} bytes but holds {}{actual}",
+                    if actual > declared { "more than " } else { "" }
+                ),
             ));
             Ok(())
         }
@@ -309,11 +362,22 @@ fn extract_file(c: &mut Collector<'_>, dest: &Path, path: String, src: &mut dyn 
 /// Streams a tar (optionally gzip-compressed) archive into `dest`, an empty directory the
 /// caller owns. `Err` only for failures writing `dest`; everything wrong with the archive is a
 /// problem in the returned [`Intake`].
-pub fn extract_tar(reader: impl Read, gzip: bool, dest: &Path, limits: &Limits) -> io::Result<Intake> {
+pub fn extract_tar(
+    reader: impl Read,
+    gzip: bool,
+    dest: &Path,
+    limits: &Limits,
+) -> io::Result<Intake> {
     let compressed = Rc::new(Cell::new(0u64));
-    let counting = CountingReader { inner: reader, count: compressed.clone() };
-    let stream: Box<dyn Read> =
-        if gzip { Box::new(flate2::read::GzDecoder::new(counting)) } else { Box::new(counting) };
+    let counting = CountingReader {
+        inner: reader,
+        count: compressed.clone(),
+    };
+    let stream: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(counting))
+    } else {
+        Box::new(counting)
+    };
     let mut archive = tar::Archive::new(stream);
     let mut c = Collector::new(limits);
     let entries = match archive.entries() {
@@ -327,7 +391,9 @@ pub fn extract_tar(reader: impl Read, gzip: bool, dest: &Path, limits: &Limits) 
         let mut entry = match entry {
             Ok(e) => e,
             Err(e) => {
-                c.abort(Problem::general(format!("archive is truncated or corrupt: {e}")));
+                c.abort(Problem::general(format!(
+                    "archive is truncated or corrupt: {e}"
+                )));
                 break;
             }
         };
@@ -339,9 +405,15 @@ pub fn extract_tar(reader: impl Read, gzip: bool, dest: &Path, limits: &Limits) 
         use tar::EntryType as T;
         match kind {
             T::Regular | T::Continuous => {
-                let Some(path) = c.archive_path(&raw, false) else { continue };
+                let Some(path) = c.archive_path(&raw, false) else {
+                    continue;
+                };
                 let size = entry.size();
-                let executable = entry.header().mode().map(|m| m & 0o111 != 0).unwrap_or(false);
+                let executable = entry
+                    .header()
+                    .mode()
+                    .map(|m| m & 0o111 != 0)
+                    .unwrap_or(false);
                 extract_file(&mut c, dest, path, &mut entry, size, executable)?;
             }
             T::Directory => {
@@ -356,7 +428,9 @@ pub fn extract_tar(reader: impl Read, gzip: bool, dest: &Path, limits: &Limits) 
                     T::Char | T::Block => "device files are not allowed",
                     T::Fifo => "FIFOs are not allowed",
                     T::GNUSparse => "sparse files are not allowed",
-                    _ => "unsupported tar entry type (only regular files and directories are allowed)",
+                    _ => {
+                        "unsupported tar entry type (only regular files and directories are allowed)"
+                    }
                 };
                 c.problems.push(Problem::at_path(display_path(&raw), what));
             }
@@ -400,7 +474,9 @@ pub fn extract_zip(reader: impl Read + Seek, dest: &Path, limits: &Limits) -> io
         let mut file = match archive.by_index(i) {
             Ok(f) => f,
             Err(e) => {
-                c.abort(Problem::general(format!("zip entry {i} cannot be read: {e}")));
+                c.abort(Problem::general(format!(
+                    "zip entry {i} cannot be read: {e}"
+                )));
                 break;
             }
         };
@@ -412,7 +488,10 @@ pub fn extract_zip(reader: impl Read + Seek, dest: &Path, limits: &Limits) -> io
         match kind {
             None | Some(S_IFREG) | Some(S_IFDIR) => {}
             Some(S_IFLNK) => {
-                c.problems.push(Problem::at_path(display_path(&raw), "symbolic links are not allowed"));
+                c.problems.push(Problem::at_path(
+                    display_path(&raw),
+                    "symbolic links are not allowed",
+                ));
                 continue;
             }
             Some(_) => {
@@ -429,10 +508,17 @@ pub fn extract_zip(reader: impl Read + Seek, dest: &Path, limits: &Limits) -> io
             }
             continue;
         }
-        let Some(path) = c.archive_path(&raw, false) else { continue };
+        let Some(path) = c.archive_path(&raw, false) else {
+            continue;
+        };
         let size = file.size();
         let compressed = file.compressed_size();
-        if size > limits.ratio_floor && size > limits.max_compression_ratio.saturating_mul(compressed.max(1)) {
+        if size > limits.ratio_floor
+            && size
+                > limits
+                    .max_compression_ratio
+                    .saturating_mul(compressed.max(1))
+        {
             c.abort(Problem::at_path(
                 path,
                 format!(
@@ -469,7 +555,12 @@ pub fn extract_archive_file(archive: &Path, dest: &Path, limits: &Limits) -> io:
 }
 
 /// Dispatches on `format`; zip input must be seekable.
-pub fn extract_archive<R: Read + Seek>(reader: R, format: ArchiveFormat, dest: &Path, limits: &Limits) -> io::Result<Intake> {
+pub fn extract_archive<R: Read + Seek>(
+    reader: R,
+    format: ArchiveFormat,
+    dest: &Path,
+    limits: &Limits,
+) -> io::Result<Intake> {
     match format {
         ArchiveFormat::Zip => extract_zip(reader, dest, limits),
         ArchiveFormat::Tar => extract_tar(reader, false, dest, limits),
@@ -530,7 +621,9 @@ fn scan(root: &Path, limits: &Limits, ignore: ignore::gitignore::Gitignore) -> i
             limits.max_total_size
         )));
     }
-    if !c.problems.is_empty() && (found.len() > limits.max_files || declared_total > limits.max_total_size) {
+    if !c.problems.is_empty()
+        && (found.len() > limits.max_files || declared_total > limits.max_total_size)
+    {
         return Ok(c.finish(root, false));
     }
     let hashed = hash_parallel(&found)?;
@@ -538,11 +631,19 @@ fn scan(root: &Path, limits: &Limits, ignore: ignore::gitignore::Gitignore) -> i
         if size > limits.max_file_size {
             c.problems.push(Problem::at_path(
                 f.path.clone(),
-                format!("file is {size} bytes; the limit is {} per file", limits.max_file_size),
+                format!(
+                    "file is {size} bytes; the limit is {} per file",
+                    limits.max_file_size
+                ),
             ));
         }
         c.total += size;
-        c.files.push(FileEntry { path: f.path, size, sha256, executable: f.executable });
+        c.files.push(FileEntry {
+            path: f.path,
+            size,
+            sha256,
+            executable: f.executable,
+        });
     }
     Ok(c.finish(root, false))
 }
@@ -553,15 +654,24 @@ fn build_ignore(root: &Path) -> io::Result<ignore::gitignore::Gitignore> {
         b.add_line(None, pattern).map_err(io::Error::other)?;
     }
     let skillignore = root.join(SKILLIGNORE);
-    if skillignore.is_file() {
-        if let Some(e) = b.add(&skillignore) {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{SKILLIGNORE}: {e}")));
-        }
+    if skillignore.is_file()
+        && let Some(e) = b.add(&skillignore)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{SKILLIGNORE}: {e}"),
+        ));
     }
     b.build().map_err(io::Error::other)
 }
 
-fn walk(root: &Path, dir: &Path, ignore: &ignore::gitignore::Gitignore, c: &mut Collector<'_>, found: &mut Vec<Found>) -> io::Result<()> {
+fn walk(
+    root: &Path,
+    dir: &Path,
+    ignore: &ignore::gitignore::Gitignore,
+    c: &mut Collector<'_>,
+    found: &mut Vec<Found>,
+) -> io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let abs = entry.path();
@@ -572,7 +682,10 @@ fn walk(root: &Path, dir: &Path, ignore: &ignore::gitignore::Gitignore, c: &mut 
             continue;
         }
         let Some(rel_str) = rel.to_str() else {
-            c.problems.push(Problem::at_path(rel.to_string_lossy(), "path is not valid UTF-8"));
+            c.problems.push(Problem::at_path(
+                rel.to_string_lossy(),
+                "path is not valid UTF-8",
+            ));
             continue;
         };
         let ft = meta.file_type();
@@ -604,23 +717,33 @@ fn walk(root: &Path, dir: &Path, ignore: &ignore::gitignore::Gitignore, c: &mut 
     Ok(())
 }
 
+/// One file's hashing result, filled by whichever thread hashed it.
+type HashSlot = std::sync::Mutex<Option<io::Result<(Sha256, u64)>>>;
+
 /// Hashes files on all cores; small trees stay on one thread.
 fn hash_parallel(files: &[Found]) -> io::Result<Vec<(Sha256, u64)>> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(files.len().max(1));
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(files.len().max(1));
     if threads <= 1 {
-        return files.iter().map(|f| Sha256::of_reader(File::open(&f.abs)?)).collect();
+        return files
+            .iter()
+            .map(|f| Sha256::of_reader(File::open(&f.abs)?))
+            .collect();
     }
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<io::Result<(Sha256, u64)>>>> =
-        files.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let results: Vec<HashSlot> = files.iter().map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(f) = files.get(i) else { break };
-                let r = File::open(&f.abs).and_then(Sha256::of_reader);
-                if let Ok(mut slot) = results[i].lock() {
-                    *slot = Some(r);
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(f) = files.get(i) else { break };
+                    let r = File::open(&f.abs).and_then(Sha256::of_reader);
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(r);
+                    }
                 }
             });
         }

@@ -53,8 +53,10 @@ impl Manifest {
             }
         }
         for e in &entries {
-            check_path(&e.path)
-                .map_err(|message| ManifestError::BadPath { path: e.path.clone(), message })?;
+            check_path(&e.path).map_err(|message| ManifestError::BadPath {
+                path: e.path.clone(),
+                message,
+            })?;
         }
         Ok(Manifest { entries })
     }
@@ -109,9 +111,13 @@ impl Manifest {
     /// Parses canonical manifest bytes, accepting only the exact canonical form (so that
     /// `parse(b)?.encode() == b` always holds).
     pub fn parse(bytes: &[u8]) -> Result<Self, ManifestError> {
-        let text = std::str::from_utf8(bytes)
-            .map_err(|_| ManifestError::BadLine { line: 0, message: "not UTF-8".into() })?;
-        let body = text.strip_prefix(MANIFEST_HEADER).ok_or(ManifestError::MissingHeader)?;
+        let text = std::str::from_utf8(bytes).map_err(|_| ManifestError::BadLine {
+            line: 0,
+            message: "not UTF-8".into(),
+        })?;
+        let body = text
+            .strip_prefix(MANIFEST_HEADER)
+            .ok_or(ManifestError::MissingHeader)?;
         let mut entries = Vec::new();
         if body.is_empty() {
             return Ok(Manifest { entries });
@@ -124,7 +130,10 @@ impl Manifest {
         };
         for (i, line) in body.split('\n').enumerate() {
             let line_no = i + 2;
-            let bad = |message: &str| ManifestError::BadLine { line: line_no, message: message.into() };
+            let bad = |message: &str| ManifestError::BadLine {
+                line: line_no,
+                message: message.into(),
+            };
             let mut parts = line.splitn(4, ' ');
             let (Some(kind), Some(size), Some(hash), Some(path)) =
                 (parts.next(), parts.next(), parts.next(), parts.next())
@@ -143,17 +152,28 @@ impl Manifest {
                 return Err(bad("size must be a decimal number without leading zeros"));
             }
             let size: u64 = size.parse().map_err(|_| bad("size out of range"))?;
-            let sha256 = Sha256::from_hex(hash).ok_or_else(|| bad("sha256 must be 64 lowercase hex digits"))?;
-            check_path(path).map_err(|message| ManifestError::BadPath { path: path.into(), message })?;
+            let sha256 = Sha256::from_hex(hash)
+                .ok_or_else(|| bad("sha256 must be 64 lowercase hex digits"))?;
+            check_path(path).map_err(|message| ManifestError::BadPath {
+                path: path.into(),
+                message,
+            })?;
             if let Some(prev) = entries.last() {
                 let prev: &FileEntry = prev;
                 match prev.path.as_bytes().cmp(path.as_bytes()) {
                     std::cmp::Ordering::Less => {}
                     std::cmp::Ordering::Equal => return Err(ManifestError::Duplicate(path.into())),
-                    std::cmp::Ordering::Greater => return Err(ManifestError::NotSorted { line: line_no }),
+                    std::cmp::Ordering::Greater => {
+                        return Err(ManifestError::NotSorted { line: line_no });
+                    }
                 }
             }
-            entries.push(FileEntry { path: path.to_string(), size, sha256, executable });
+            entries.push(FileEntry {
+                path: path.to_string(),
+                size,
+                sha256,
+                executable,
+            });
         }
         Ok(Manifest { entries })
     }

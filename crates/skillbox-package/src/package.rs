@@ -1,12 +1,12 @@
 //! Validation of a whole package: intake problems, `SKILL.md`, the name, the manifest.
 
+use crate::SKILL_MD;
 use crate::digest::Digest;
 use crate::frontmatter::{SkillMd, parse_skill_md};
 use crate::intake::Intake;
 use crate::limits::Limits;
 use crate::manifest::Manifest;
 use crate::problem::Problem;
-use crate::SKILL_MD;
 use std::path::PathBuf;
 
 /// How strictly to validate.
@@ -38,7 +38,12 @@ pub struct Rejection {
 }
 
 fn summarize(problems: &[Problem]) -> String {
-    let mut s = problems.iter().take(3).map(|p| p.to_string()).collect::<Vec<_>>().join("; ");
+    let mut s = problems
+        .iter()
+        .take(3)
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join("; ");
     if problems.len() > 3 {
         s.push_str(&format!(" (and {} more)", problems.len() - 3));
     }
@@ -47,7 +52,12 @@ fn summarize(problems: &[Problem]) -> String {
 
 /// Turns an [`Intake`] into a [`Package`], collecting every problem.
 pub fn check(intake: Intake, opts: &CheckOptions) -> Result<Package, Rejection> {
-    let Intake { root, files, mut problems, complete } = intake;
+    let Intake {
+        root,
+        files,
+        mut problems,
+        complete,
+    } = intake;
     let mut warnings = Vec::new();
     let mut skill = None;
     if files.iter().any(|f| f.path == SKILL_MD) {
@@ -68,18 +78,21 @@ pub fn check(intake: Intake, opts: &CheckOptions) -> Result<Package, Rejection> 
             Err(e) => problems.push(Problem::at_path(SKILL_MD, format!("cannot be read: {e}"))),
         }
     } else if complete && !problems.iter().any(|p| p.path.as_deref() == Some(SKILL_MD)) {
-        problems.push(Problem::at_path(SKILL_MD, "missing: a package needs SKILL.md at its root"));
+        problems.push(Problem::at_path(
+            SKILL_MD,
+            "missing: a package needs SKILL.md at its root",
+        ));
     }
-    if let (Some(s), Some(expected)) = (&skill, &opts.expected_name) {
-        if &s.frontmatter.name != expected {
-            problems.push(Problem::at_field(
-                "name",
-                format!(
-                    "is {:?} but the package is published as {expected:?}; they must be equal",
-                    s.frontmatter.name
-                ),
-            ));
-        }
+    if let (Some(s), Some(expected)) = (&skill, &opts.expected_name)
+        && &s.frontmatter.name != expected
+    {
+        problems.push(Problem::at_field(
+            "name",
+            format!(
+                "is {:?} but the package is published as {expected:?}; they must be equal",
+                s.frontmatter.name
+            ),
+        ));
     }
     let manifest = match Manifest::new(files) {
         Ok(m) => Some(m),
@@ -91,7 +104,13 @@ pub fn check(intake: Intake, opts: &CheckOptions) -> Result<Package, Rejection> 
     match (manifest, skill) {
         (Some(manifest), Some(skill)) if problems.is_empty() => {
             let digest = manifest.digest();
-            Ok(Package { root, manifest, digest, skill, warnings })
+            Ok(Package {
+                root,
+                manifest,
+                digest,
+                skill,
+                warnings,
+            })
         }
         _ => Err(Rejection { problems, warnings }),
     }

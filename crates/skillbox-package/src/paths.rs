@@ -28,11 +28,17 @@ pub(crate) fn check_path_with_max(path: &str, max_bytes: usize) -> Result<(), St
         return Err(match c {
             '\\' => "backslash is not allowed in paths".into(),
             '\0' => "NUL is not allowed in paths".into(),
-            c => format!("control character U+{:04X} is not allowed in paths", c as u32),
+            c => format!(
+                "control character U+{:04X} is not allowed in paths",
+                c as u32
+            ),
         });
     }
     if path.len() > max_bytes {
-        return Err(format!("path is {} bytes long; the limit is {max_bytes}", path.len()));
+        return Err(format!(
+            "path is {} bytes long; the limit is {max_bytes}",
+            path.len()
+        ));
     }
     for component in path.split('/') {
         match component {
@@ -82,9 +88,9 @@ impl PathSet {
         match self.seen.get(&folded) {
             Some((_, true)) => Err(format!("'{path}' is both a file and a directory")),
             Some((other, false)) if other == path => Err("duplicate entry".into()),
-            Some((other, false)) => {
-                Err(format!("collides with '{other}' under Unicode case folding"))
-            }
+            Some((other, false)) => Err(format!(
+                "collides with '{other}' under Unicode case folding"
+            )),
             None => {
                 self.seen.insert(folded, (path.to_string(), false));
                 Ok(())
@@ -130,7 +136,14 @@ mod tests {
 
     #[test]
     fn rules() {
-        for ok in ["SKILL.md", "a/b/c.txt", "dir with space/ü.md", "a-b", ".hidden", "a..b"] {
+        for ok in [
+            "SKILL.md",
+            "a/b/c.txt",
+            "dir with space/ü.md",
+            "a-b",
+            ".hidden",
+            "a..b",
+        ] {
             assert_eq!(check_path(ok), Ok(()), "{ok}");
         }
         let bad = [
@@ -151,24 +164,47 @@ mod tests {
             assert!(err.contains(want), "{p:?}: {err}");
         }
         let long_component = "x".repeat(256);
-        assert!(check_path(&long_component).unwrap_err().contains("component"));
+        assert!(
+            check_path(&long_component)
+                .unwrap_err()
+                .contains("component")
+        );
         let long_path = vec!["y".repeat(200); 6].join("/");
         assert!(check_path(&long_path).unwrap_err().contains("1024"));
-        assert_eq!(check_path_bytes(b"\xff\xfe").unwrap_err(), "path is not valid UTF-8");
+        assert_eq!(
+            check_path_bytes(b"\xff\xfe").unwrap_err(),
+            "path is not valid UTF-8"
+        );
     }
 
     #[test]
     fn collisions() {
         let mut set = PathSet::new();
         set.add_file("README.md").unwrap();
-        assert!(set.add_file("readme.md").unwrap_err().contains("case folding"));
+        assert!(
+            set.add_file("readme.md")
+                .unwrap_err()
+                .contains("case folding")
+        );
         assert_eq!(set.add_file("README.md").unwrap_err(), "duplicate entry");
         // ß folds to "ss"
         set.add_file("straße.txt").unwrap();
-        assert!(set.add_file("STRASSE.txt").unwrap_err().contains("case folding"));
+        assert!(
+            set.add_file("STRASSE.txt")
+                .unwrap_err()
+                .contains("case folding")
+        );
         set.add_file("a/b").unwrap();
-        assert!(set.add_file("a").unwrap_err().contains("both a file and a directory"));
-        assert!(set.add_file("README.md/x").unwrap_err().contains("both a file"));
+        assert!(
+            set.add_file("a")
+                .unwrap_err()
+                .contains("both a file and a directory")
+        );
+        assert!(
+            set.add_file("README.md/x")
+                .unwrap_err()
+                .contains("both a file")
+        );
         assert!(set.add_file("A/c").unwrap_err().contains("collides"));
         set.add_dir("a").unwrap();
         assert_eq!(set.add_dir("a").unwrap_err(), "duplicate entry");

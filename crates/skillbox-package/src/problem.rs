@@ -18,11 +18,19 @@ pub struct Problem {
 
 impl Problem {
     pub fn general(message: impl Into<String>) -> Self {
-        Problem { path: None, field: None, message: message.into() }
+        Problem {
+            path: None,
+            field: None,
+            message: message.into(),
+        }
     }
 
     pub fn at_path(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Problem { path: Some(path.into()), field: None, message: message.into() }
+        Problem {
+            path: Some(path.into()),
+            field: None,
+            message: message.into(),
+        }
     }
 
     /// A problem with a frontmatter field of `SKILL.md`.

@@ -12,7 +12,11 @@ pub fn unique_name(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    format!("{prefix}{}-{nanos:x}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A directory under construction. Nobody else knows its name; dropping it removes it.
@@ -27,7 +31,8 @@ impl StagingDir {
     pub fn new_in(parent: &Path, prefix: &str) -> io::Result<Self> {
         std::fs::create_dir_all(parent)?;
         let path = parent.join(unique_name(prefix));
-        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(&path)?;
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&path)?;
         Ok(StagingDir { path, armed: true })
     }
 
@@ -81,7 +86,9 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
 
 fn make_writable(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
-    let Ok(meta) = std::fs::symlink_metadata(path) else { return };
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
     if meta.is_dir() {
         let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
         if let Ok(rd) = std::fs::read_dir(path) {

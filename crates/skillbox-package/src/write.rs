@@ -28,7 +28,10 @@ fn copy_exact(entry: &FileEntry, src: impl Read, mut out: impl Write) -> io::Res
     if copied != entry.size {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{}: expected {} bytes, source has {}", entry.path, entry.size, copied),
+            format!(
+                "{}: expected {} bytes, source has {}",
+                entry.path, entry.size, copied
+            ),
         ));
     }
     Ok(())
@@ -36,7 +39,11 @@ fn copy_exact(entry: &FileEntry, src: impl Read, mut out: impl Write) -> io::Res
 
 /// Writes the package as a tar whose bytes depend only on the manifest and the content:
 /// canonical order, mode 0644/0755, uid/gid 0, mtime 0, no user or group names.
-pub fn write_tar<W: Write>(out: W, manifest: &Manifest, source: &dyn ContentSource) -> io::Result<W> {
+pub fn write_tar<W: Write>(
+    out: W,
+    manifest: &Manifest,
+    source: &dyn ContentSource,
+) -> io::Result<W> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Deterministic);
     for entry in manifest.entries() {
@@ -53,7 +60,11 @@ pub fn write_tar<W: Write>(out: W, manifest: &Manifest, source: &dyn ContentSour
             copy_exact(entry, src, &mut checked)?;
             Box::new(io::Cursor::new(checked))
         } else {
-            Box::new(ExactReader { inner: src, remaining: entry.size, path: &entry.path })
+            Box::new(ExactReader {
+                inner: src,
+                remaining: entry.size,
+                path: &entry.path,
+            })
         };
         builder.append_data(&mut header, &entry.path, &mut reader)?;
     }
@@ -72,10 +83,15 @@ impl<R: Read> Read for ExactReader<'_, R> {
         if self.remaining == 0 {
             return Ok(0);
         }
-        let max = buf.len().min(self.remaining.min(usize::MAX as u64) as usize);
+        let max = buf
+            .len()
+            .min(self.remaining.min(usize::MAX as u64) as usize);
         let n = self.inner.read(&mut buf[..max])?;
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{}: source ended early", self.path)));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: source ended early", self.path),
+            ));
         }
         self.remaining -= n as u64;
         Ok(n)
@@ -93,8 +109,15 @@ pub struct DirWriteOptions {
 
 /// Writes the package into a fresh staging directory beside `dest`, then renames it to
 /// `dest`. Readers see no directory or the complete one. `dest` must not exist.
-pub fn write_dir_atomic(dest: &Path, manifest: &Manifest, source: &dyn ContentSource, opts: DirWriteOptions) -> io::Result<()> {
-    let parent = dest.parent().ok_or_else(|| io::Error::other("destination has no parent directory"))?;
+pub fn write_dir_atomic(
+    dest: &Path,
+    manifest: &Manifest,
+    source: &dyn ContentSource,
+    opts: DirWriteOptions,
+) -> io::Result<()> {
+    let parent = dest
+        .parent()
+        .ok_or_else(|| io::Error::other("destination has no parent directory"))?;
     let staging = StagingDir::new_in(parent, ".staging-")?;
     let tree = staging.path().join("tree");
     std::fs::create_dir(&tree)?;

@@ -6,7 +6,8 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-pub const SKILL_MD_OK: &str = "---\nname: demo\ndescription: A demo skill.\n---\n# Demo\nDo things.\n";
+pub const SKILL_MD_OK: &str =
+    "---\nname: demo\ndescription: A demo skill.\n---\n# Demo\nDo things.\n";
 
 /// (path, content, executable)
 pub type Spec<'a> = (&'a str, &'a [u8], bool);
@@ -31,11 +32,23 @@ pub struct RawEntry {
 }
 
 pub fn file(name: &str, data: &[u8]) -> RawEntry {
-    RawEntry { name: name.as_bytes().to_vec(), kind: tar::EntryType::Regular, data: data.to_vec(), mode: 0o644, link: vec![] }
+    RawEntry {
+        name: name.as_bytes().to_vec(),
+        kind: tar::EntryType::Regular,
+        data: data.to_vec(),
+        mode: 0o644,
+        link: vec![],
+    }
 }
 
 pub fn entry(name: &[u8], kind: tar::EntryType, link: &[u8]) -> RawEntry {
-    RawEntry { name: name.to_vec(), kind, data: vec![], mode: 0o644, link: link.to_vec() }
+    RawEntry {
+        name: name.to_vec(),
+        kind,
+        data: vec![],
+        mode: 0o644,
+        link: link.to_vec(),
+    }
 }
 
 /// A ustar archive with exactly these entries (names up to 100 bytes).
@@ -76,7 +89,8 @@ pub fn zip_of(entries: &[(&str, &[u8], u32)]) -> Vec<u8> {
             .compression_method(zip::CompressionMethod::Deflated)
             .unix_permissions(*mode);
         if mode & 0o170000 == 0o120000 {
-            w.add_symlink(*name, std::str::from_utf8(data).unwrap(), opts).unwrap();
+            w.add_symlink(*name, std::str::from_utf8(data).unwrap(), opts)
+                .unwrap();
         } else if name.ends_with('/') {
             w.add_directory(*name, opts).unwrap();
         } else {
@@ -95,7 +109,8 @@ pub fn tar_of(files: &[Spec<'_>], prefix: &str) -> Vec<u8> {
         h.set_size(content.len() as u64);
         h.set_mode(if *exec { 0o755 } else { 0o644 });
         h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, format!("{prefix}{path}"), *content).unwrap();
+        b.append_data(&mut h, format!("{prefix}{path}"), *content)
+            .unwrap();
     }
     b.into_inner().unwrap()
 }

@@ -10,12 +10,21 @@ fn path_strategy() -> impl Strategy<Value = String> {
 }
 
 fn entries_strategy() -> impl Strategy<Value = Vec<FileEntry>> {
-    prop::collection::btree_map(path_strategy(), (any::<u64>(), any::<[u8; 32]>(), any::<bool>()), 0..20)
-        .prop_map(|m| {
-            m.into_iter()
-                .map(|(path, (size, h, executable))| FileEntry { path, size, sha256: Sha256(h), executable })
-                .collect()
-        })
+    prop::collection::btree_map(
+        path_strategy(),
+        (any::<u64>(), any::<[u8; 32]>(), any::<bool>()),
+        0..20,
+    )
+    .prop_map(|m| {
+        m.into_iter()
+            .map(|(path, (size, h, executable))| FileEntry {
+                path,
+                size,
+                sha256: Sha256(h),
+                executable,
+            })
+            .collect()
+    })
 }
 
 proptest! {

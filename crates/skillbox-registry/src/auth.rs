@@ -1,8 +1,8 @@
 //! Tokens and roles (SPEC §5). Workspace tokens are random 256-bit secrets stored only as their
 //! SHA-256; the admin token is compared in constant time.
 
-use crate::error::{RegistryError, Result};
 use crate::Registry;
+use crate::error::{RegistryError, Result};
 use skillbox_package::Sha256;
 
 /// Roles, each including the ones before it.
@@ -40,7 +40,10 @@ impl Role {
 pub enum Principal {
     /// The server's admin token: every workspace, every operation.
     ServerAdmin,
-    Workspace { workspace: String, role: Role },
+    Workspace {
+        workspace: String,
+        role: Role,
+    },
 }
 
 impl Principal {
@@ -76,10 +79,14 @@ impl Registry {
     /// Mints a workspace token; the plain token is returned once and stored hashed.
     pub async fn create_token(&self, workspace: &str, role: Role) -> Result<String> {
         if !skillbox_package::is_valid_name(workspace) {
-            return Err(RegistryError::BadRequest(format!("invalid workspace name {workspace:?}")));
+            return Err(RegistryError::BadRequest(format!(
+                "invalid workspace name {workspace:?}"
+            )));
         }
         let token = generate_token();
-        self.meta.insert_token(&token_hash(&token), workspace, role.as_str()).await?;
+        self.meta
+            .insert_token(&token_hash(&token), workspace, role.as_str())
+            .await?;
         Ok(token)
     }
 
@@ -89,8 +96,12 @@ impl Registry {
             return Ok(Some(Principal::ServerAdmin));
         }
         // Lookup by the hash of a 256-bit secret: timing reveals nothing usable about it.
-        Ok(self.meta.token(&token_hash(token)).await?.and_then(|(workspace, role)| {
-            Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
-        }))
+        Ok(self
+            .meta
+            .token(&token_hash(token))
+            .await?
+            .and_then(|(workspace, role)| {
+                Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
+            }))
     }
 }

@@ -34,7 +34,13 @@ impl RevisionCache {
 
     /// Builds the tree for `manifest` unless it exists. Blocking; call from a blocking task.
     /// Does not sync: the caller batches durability.
-    pub fn ensure(&self, digest: &Digest, manifest: &Manifest, content: &ContentStore, rt: &tokio::runtime::Handle) -> Result<PathBuf> {
+    pub fn ensure(
+        &self,
+        digest: &Digest,
+        manifest: &Manifest,
+        content: &ContentStore,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<PathBuf> {
         let dest = self.tree_path(digest);
         if dest.is_dir() {
             return Ok(dest);
@@ -66,11 +72,19 @@ impl RevisionCache {
                 Some(blob) => std::fs::read(blob).map_err(|e| missing(&entry.sha256, e))?,
                 None => rt
                     .block_on(content.get_blob(&entry.sha256))?
-                    .ok_or_else(|| RegistryError::Internal(format!("blob {} missing from the store", entry.sha256)))?
+                    .ok_or_else(|| {
+                        RegistryError::Internal(format!(
+                            "blob {} missing from the store",
+                            entry.sha256
+                        ))
+                    })?
                     .to_vec(),
             };
             if bytes.len() as u64 != entry.size || Sha256::of(&bytes) != entry.sha256 {
-                return Err(RegistryError::Internal(format!("blob {} does not match its hash", entry.sha256)));
+                return Err(RegistryError::Internal(format!(
+                    "blob {} does not match its hash",
+                    entry.sha256
+                )));
             }
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -79,7 +93,13 @@ impl RevisionCache {
                 .open(&target)?;
             f.write_all(&bytes)?;
         }
-        finish_tree(&tree, DirWriteOptions { read_only: true, sync: false })?;
+        finish_tree(
+            &tree,
+            DirWriteOptions {
+                read_only: true,
+                sync: false,
+            },
+        )?;
         match staging.commit(Some(Path::new("t")), &dest) {
             Ok(()) => Ok(dest),
             // Another publisher of the same digest won the rename: theirs is identical.

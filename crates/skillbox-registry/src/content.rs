@@ -36,12 +36,18 @@ impl ContentStore {
         std::fs::create_dir_all(root.join("blobs/sha256"))?;
         std::fs::create_dir_all(root.join("manifests/sha256"))?;
         let fs = object_store::local::LocalFileSystem::new_with_prefix(root)?;
-        Ok(ContentStore { store: Arc::new(fs), local_root: Some(root.to_path_buf()) })
+        Ok(ContentStore {
+            store: Arc::new(fs),
+            local_root: Some(root.to_path_buf()),
+        })
     }
 
     /// A store on any `object_store` backend (S3 for scale-out).
     pub fn remote(store: Arc<dyn ObjectStore>) -> Self {
-        ContentStore { store, local_root: None }
+        ContentStore {
+            store,
+            local_root: None,
+        }
     }
 
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
@@ -50,7 +56,9 @@ impl ContentStore {
 
     /// The on-disk path of a blob when the store is local.
     pub fn local_blob_path(&self, sha: &Sha256) -> Option<PathBuf> {
-        self.local_root.as_ref().map(|r| r.join(format!("blobs/sha256/{sha}")))
+        self.local_root
+            .as_ref()
+            .map(|r| r.join(format!("blobs/sha256/{sha}")))
     }
 
     /// Adds staged files as blobs, create-if-absent. Each `(sha, path)` must be a file whose
@@ -77,12 +85,16 @@ impl ContentStore {
 
     pub async fn put_manifest(&self, manifest_bytes: Bytes) -> Result<Digest> {
         let digest = Digest(Sha256::of(&manifest_bytes));
-        self.put_create(&manifest_key(&digest), manifest_bytes).await?;
+        self.put_create(&manifest_key(&digest), manifest_bytes)
+            .await?;
         Ok(digest)
     }
 
     async fn put_create(&self, key: &Key, bytes: Bytes) -> Result<()> {
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
         match self.store.put_opts(key, bytes.into(), opts).await {
             Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e.into()),
@@ -97,9 +109,13 @@ impl ContentStore {
             Err(e) => return Err(e.into()),
         };
         if Digest(Sha256::of(&bytes)) != *digest {
-            return Err(RegistryError::Internal(format!("stored manifest {digest} does not match its digest")));
+            return Err(RegistryError::Internal(format!(
+                "stored manifest {digest} does not match its digest"
+            )));
         }
-        Manifest::parse(&bytes).map(Some).map_err(RegistryError::internal)
+        Manifest::parse(&bytes)
+            .map(Some)
+            .map_err(RegistryError::internal)
     }
 
     pub async fn get_blob(&self, sha: &Sha256) -> Result<Option<Bytes>> {
@@ -129,7 +145,10 @@ impl ContentStore {
         use futures_util::TryStreamExt;
         let prefix = Key::from("blobs/sha256");
         let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
-        Ok(metas.iter().filter_map(|m| m.location.filename().and_then(Sha256::from_hex)).collect())
+        Ok(metas
+            .iter()
+            .filter_map(|m| m.location.filename().and_then(Sha256::from_hex))
+            .collect())
     }
 }
 

@@ -12,25 +12,41 @@ use std::os::unix::fs::OpenOptionsExt;
 
 impl Registry {
     /// Creates a draft of `skill` from `base_revision` (0 = empty).
-    pub async fn create_draft(&self, workspace: &str, skill: &str, base_revision: i64) -> Result<DraftRow> {
+    pub async fn create_draft(
+        &self,
+        workspace: &str,
+        skill: &str,
+        base_revision: i64,
+    ) -> Result<DraftRow> {
         validate_names(workspace, skill)?;
         let files = if base_revision == 0 {
             Vec::new()
         } else {
-            let view = self.revision(workspace, skill, RevSel::Number(base_revision)).await?;
+            let view = self
+                .revision(workspace, skill, RevSel::Number(base_revision))
+                .await?;
             view.manifest
                 .entries()
                 .iter()
-                .map(|e| DraftFile { path: e.path.clone(), sha256: e.sha256.to_hex(), size: e.size as i64, executable: e.executable })
+                .map(|e| DraftFile {
+                    path: e.path.clone(),
+                    sha256: e.sha256.to_hex(),
+                    size: e.size as i64,
+                    executable: e.executable,
+                })
                 .collect()
         };
         let id = new_id();
-        self.meta.insert_draft(&id, workspace, skill, base_revision, &files).await?;
+        self.meta
+            .insert_draft(&id, workspace, skill, base_revision, &files)
+            .await?;
         self.draft(workspace, &id).await
     }
 
     pub async fn draft(&self, workspace: &str, id: &str) -> Result<DraftRow> {
-        self.meta.draft(workspace, id).await?.ok_or_else(|| RegistryError::NotFound(format!("no draft {id:?} in workspace {workspace:?}")))
+        self.meta.draft(workspace, id).await?.ok_or_else(|| {
+            RegistryError::NotFound(format!("no draft {id:?} in workspace {workspace:?}"))
+        })
     }
 
     pub async fn draft_files(&self, workspace: &str, id: &str) -> Result<Vec<DraftFile>> {
@@ -38,26 +54,49 @@ impl Registry {
         self.meta.draft_files(id).await
     }
 
-    pub async fn draft_file(&self, workspace: &str, id: &str, path: &str) -> Result<(DraftFile, bytes::Bytes)> {
+    pub async fn draft_file(
+        &self,
+        workspace: &str,
+        id: &str,
+        path: &str,
+    ) -> Result<(DraftFile, bytes::Bytes)> {
         let f = self
             .draft_files(workspace, id)
             .await?
             .into_iter()
             .find(|f| f.path == path)
             .ok_or_else(|| RegistryError::NotFound(format!("draft {id} has no file {path:?}")))?;
-        let sha = Sha256::from_hex(&f.sha256).ok_or_else(|| RegistryError::internal("bad hash in draft row"))?;
+        let sha = Sha256::from_hex(&f.sha256)
+            .ok_or_else(|| RegistryError::internal("bad hash in draft row"))?;
         Ok((f, self.blob(&sha).await?))
     }
 
-    pub async fn put_draft_file(&self, workspace: &str, id: &str, path: &str, bytes: bytes::Bytes, executable: bool) -> Result<DraftFile> {
+    pub async fn put_draft_file(
+        &self,
+        workspace: &str,
+        id: &str,
+        path: &str,
+        bytes: bytes::Bytes,
+        executable: bool,
+    ) -> Result<DraftFile> {
         self.draft(workspace, id).await?;
-        check_path(path).map_err(|m| RegistryError::BadRequest(format!("invalid path {path:?}: {m}")))?;
+        check_path(path)
+            .map_err(|m| RegistryError::BadRequest(format!("invalid path {path:?}: {m}")))?;
         if bytes.len() as u64 > self.cfg.limits.max_file_size {
-            return Err(RegistryError::TooLarge(format!("file is {} bytes; the limit is {}", bytes.len(), self.cfg.limits.max_file_size)));
+            return Err(RegistryError::TooLarge(format!(
+                "file is {} bytes; the limit is {}",
+                bytes.len(),
+                self.cfg.limits.max_file_size
+            )));
         }
         let size = bytes.len() as i64;
         let sha = self.content.put_blob_bytes(bytes).await?;
-        let f = DraftFile { path: path.to_string(), sha256: sha.to_hex(), size, executable };
+        let f = DraftFile {
+            path: path.to_string(),
+            sha256: sha.to_hex(),
+            size,
+            executable,
+        };
         self.meta.put_draft_file(id, &f).await?;
         Ok(f)
     }
@@ -65,7 +104,9 @@ impl Registry {
     pub async fn delete_draft_file(&self, workspace: &str, id: &str, path: &str) -> Result<()> {
         self.draft(workspace, id).await?;
         if !self.meta.delete_draft_file(id, path).await? {
-            return Err(RegistryError::NotFound(format!("draft {id} has no file {path:?}")));
+            return Err(RegistryError::NotFound(format!(
+                "draft {id} has no file {path:?}"
+            )));
         }
         Ok(())
     }
@@ -84,14 +125,20 @@ impl Registry {
 
     /// Publishes the draft with its base revision. On success the draft's base becomes the new
     /// revision (the author can keep editing); on conflict the draft is kept unchanged.
-    pub async fn publish_draft(&self, workspace: &str, id: &str, publisher: &str) -> Result<Published> {
+    pub async fn publish_draft(
+        &self,
+        workspace: &str,
+        id: &str,
+        publisher: &str,
+    ) -> Result<Published> {
         let draft = self.draft(workspace, id).await?;
         let files = self.meta.draft_files(id).await?;
         let staging = self.new_staging("draft-")?;
         let root = staging.path().join("tree");
         std::fs::create_dir(&root)?;
         for f in &files {
-            let sha = Sha256::from_hex(&f.sha256).ok_or_else(|| RegistryError::internal("bad hash in draft row"))?;
+            let sha = Sha256::from_hex(&f.sha256)
+                .ok_or_else(|| RegistryError::internal("bad hash in draft row"))?;
             let bytes = self.blob(&sha).await?;
             let target = root.join(&f.path);
             if let Some(p) = target.parent() {
@@ -104,7 +151,16 @@ impl Registry {
                 .open(&target)?;
             out.write_all(&bytes)?;
         }
-        let published = self.publish_tree(workspace, &draft.skill, draft.base_revision, staging, root, publisher).await?;
+        let published = self
+            .publish_tree(
+                workspace,
+                &draft.skill,
+                draft.base_revision,
+                staging,
+                root,
+                publisher,
+            )
+            .await?;
         self.meta.set_draft_base(id, published.revision).await?;
         Ok(published)
     }

@@ -8,8 +8,13 @@ pub enum RegistryError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
-    #[error("the skill's current revision is {current_revision}, not the base revision {base_revision}; fetch the current revision and publish again with base_revision={current_revision}")]
-    RevisionConflict { current_revision: i64, base_revision: i64 },
+    #[error(
+        "the skill's current revision is {current_revision}, not the base revision {base_revision}; fetch the current revision and publish again with base_revision={current_revision}"
+    )]
+    RevisionConflict {
+        current_revision: i64,
+        base_revision: i64,
+    },
     #[error("{0}")]
     SkillDeleted(String),
     #[error("{0}")]
@@ -17,7 +22,10 @@ pub enum RegistryError {
     #[error("{0}")]
     TooLarge(String),
     #[error("invalid package: {} problem(s)", problems.len())]
-    InvalidPackage { problems: Vec<Problem>, warnings: Vec<Problem> },
+    InvalidPackage {
+        problems: Vec<Problem>,
+        warnings: Vec<Problem>,
+    },
     #[error("{0}")]
     Internal(String),
 }

@@ -1,7 +1,7 @@
 //! `fsck`: re-verify stored content against digests. Reports; changes nothing.
 
-use crate::error::Result;
 use crate::Registry;
+use crate::error::Result;
 use serde::Serialize;
 use skillbox_package::{Digest, Limits, Sha256, intake};
 use std::collections::HashSet;
@@ -24,20 +24,27 @@ pub struct FsckReport {
 impl Registry {
     pub async fn fsck(&self) -> Result<FsckReport> {
         let mut problems = Vec::new();
-        let mut push = |object: String, message: String| problems.push(FsckProblem { object, message });
+        let mut push =
+            |object: String, message: String| problems.push(FsckProblem { object, message });
         let blobs = self.content.list_blobs().await?;
         let present: HashSet<Sha256> = blobs.iter().copied().collect();
         for sha in &blobs {
             match self.content.get_blob(sha).await? {
                 Some(bytes) if Sha256::of(&bytes) == *sha => {}
-                Some(_) => push(format!("blob {sha}"), "content does not match its hash".into()),
+                Some(_) => push(
+                    format!("blob {sha}"),
+                    "content does not match its hash".into(),
+                ),
                 None => push(format!("blob {sha}"), "listed but unreadable".into()),
             }
         }
         let revisions = self.meta.available_revisions().await?;
         let mut trees_checked = 0;
         for rev in &revisions {
-            let object = format!("revision {} of skill {} ({})", rev.revision, rev.skill_id, rev.digest);
+            let object = format!(
+                "revision {} of skill {} ({})",
+                rev.revision, rev.skill_id, rev.digest
+            );
             let Ok(digest) = rev.digest.parse::<Digest>() else {
                 push(object, "digest is malformed".into());
                 continue;
@@ -55,7 +62,10 @@ impl Registry {
             };
             for e in manifest.entries() {
                 if !present.contains(&e.sha256) {
-                    push(object.clone(), format!("blob {} of {} is missing", e.sha256, e.path));
+                    push(
+                        object.clone(),
+                        format!("blob {} of {} is missing", e.sha256, e.path),
+                    );
                 }
             }
             let tree = self.cache.tree_path(&digest);
@@ -64,12 +74,17 @@ impl Registry {
                 continue;
             }
             trees_checked += 1;
-            let scanned = tokio::task::spawn_blocking(move || intake::scan_dir_raw(&tree, &Limits::unbounded()))
-                .await
-                .map_err(crate::RegistryError::internal)??;
+            let scanned = tokio::task::spawn_blocking(move || {
+                intake::scan_dir_raw(&tree, &Limits::unbounded())
+            })
+            .await
+            .map_err(crate::RegistryError::internal)??;
             let found = skillbox_package::Manifest::new(scanned.files).map(|m| m.digest());
             if !scanned.problems.is_empty() || found.as_ref().ok() != Some(&digest) {
-                push(object, "revision-cache tree does not match the manifest".into());
+                push(
+                    object,
+                    "revision-cache tree does not match the manifest".into(),
+                );
             }
         }
         Ok(FsckReport {

@@ -13,18 +13,18 @@
 pub mod auth;
 pub mod cache;
 pub mod content;
+mod drafts;
 pub mod error;
 pub mod fsck;
 pub mod meta;
 mod publish;
 mod reads;
-mod drafts;
 
 pub use auth::{Principal, Role};
 pub use error::{RegistryError, Result};
 pub use meta::{DraftFile, DraftRow, Event, MetaStore, RevisionRow, SkillRow};
 pub use publish::Published;
-pub use reads::{FileContent, RevisionView, RevSel, SkillSummary};
+pub use reads::{FileContent, RevSel, RevisionView, SkillSummary};
 
 use cache::RevisionCache;
 use content::ContentStore;
@@ -46,7 +46,12 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        RegistryConfig { data_dir: data_dir.into(), database_url: None, limits: Limits::default(), strict: false }
+        RegistryConfig {
+            data_dir: data_dir.into(),
+            database_url: None,
+            limits: Limits::default(),
+            strict: false,
+        }
     }
 }
 
@@ -80,7 +85,15 @@ impl Registry {
         };
         let meta = MetaStore::connect(&url).await?;
         let (changes, _) = tokio::sync::watch::channel(0);
-        Ok(Arc::new(Registry { cfg, meta, content, cache, staging, manifests: Mutex::new(HashMap::new()), changes }))
+        Ok(Arc::new(Registry {
+            cfg,
+            meta,
+            content,
+            cache,
+            staging,
+            manifests: Mutex::new(HashMap::new()),
+            changes,
+        }))
     }
 
     pub fn config(&self) -> &RegistryConfig {
@@ -124,14 +137,17 @@ impl Registry {
 
     /// The manifest of `digest`, from memory when hot.
     pub async fn manifest(&self, digest: &Digest) -> Result<Arc<Manifest>> {
-        if let Some(m) = self.manifests.lock().ok().and_then(|c| c.get(digest).cloned()) {
+        if let Some(m) = self
+            .manifests
+            .lock()
+            .ok()
+            .and_then(|c| c.get(digest).cloned())
+        {
             return Ok(m);
         }
-        let m = self
-            .content
-            .get_manifest(digest)
-            .await?
-            .ok_or_else(|| RegistryError::Internal(format!("manifest {digest} missing from the content store")))?;
+        let m = self.content.get_manifest(digest).await?.ok_or_else(|| {
+            RegistryError::Internal(format!("manifest {digest} missing from the content store"))
+        })?;
         let m = Arc::new(m);
         if let Ok(mut c) = self.manifests.lock() {
             if c.len() >= MANIFEST_CACHE_ENTRIES {
@@ -143,7 +159,12 @@ impl Registry {
     }
 
     /// Events of `workspace` after `after`.
-    pub async fn events_after(&self, workspace: &str, after: i64, limit: i64) -> Result<Vec<Event>> {
+    pub async fn events_after(
+        &self,
+        workspace: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>> {
         self.meta.events_after(workspace, after, limit).await
     }
 }
@@ -152,14 +173,22 @@ impl Registry {
 /// directory, so entries of live processes stay. Names end in `<pid>-<nanos>-<n>` (see
 /// [`skillbox_package::staging::unique_name`]).
 fn sweep_staging(staging: &Path) -> std::io::Result<()> {
-    let Ok(rd) = std::fs::read_dir(staging) else { return Ok(()) };
+    let Ok(rd) = std::fs::read_dir(staging) else {
+        return Ok(());
+    };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let owner = name.rsplitn(3, '-').nth(2).and_then(|head| head.rsplit('-').next()).and_then(|p| {
-            let digits = p.trim_start_matches(|c: char| !c.is_ascii_digit());
-            digits.parse::<u32>().ok()
+        let owner = name
+            .rsplitn(3, '-')
+            .nth(2)
+            .and_then(|head| head.rsplit('-').next())
+            .and_then(|p| {
+                let digits = p.trim_start_matches(|c: char| !c.is_ascii_digit());
+                digits.parse::<u32>().ok()
+            });
+        let alive = owner.is_some_and(|pid| {
+            pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
         });
-        let alive = owner.is_some_and(|pid| pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists());
         if !alive {
             skillbox_package::staging::remove_tree(&e.path())?;
         }

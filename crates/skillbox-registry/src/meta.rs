@@ -133,7 +133,8 @@ pub struct Event {
     pub data: serde_json::Value,
 }
 
-const SKILL_COLS: &str = "id, workspace, name, state, current_revision, last_revision, created_at, updated_at";
+const SKILL_COLS: &str =
+    "id, workspace, name, state, current_revision, last_revision, created_at, updated_at";
 const REV_COLS: &str = "skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter, state_reason";
 
 fn skill_from(r: &AnyRow) -> Result<SkillRow> {
@@ -187,17 +188,29 @@ pub struct NewRevision<'a> {
 
 /// What a commit did.
 pub enum CommitOutcome {
-    Created { skill: SkillRow, revision: RevisionRow },
+    Created {
+        skill: SkillRow,
+        revision: RevisionRow,
+    },
     /// The same publish (same base, same digest) was committed before: its revision.
-    Replayed { skill: SkillRow, revision: RevisionRow },
-    Conflict { current_revision: i64 },
+    Replayed {
+        skill: SkillRow,
+        revision: RevisionRow,
+    },
+    Conflict {
+        current_revision: i64,
+    },
 }
 
 impl MetaStore {
     /// Connects (`sqlite://…` or `postgres://…`) and applies the schema.
     pub async fn connect(url: &str) -> Result<Self> {
         sqlx::any::install_default_drivers();
-        let dialect = if url.starts_with("postgres") { Dialect::Postgres } else { Dialect::Sqlite };
+        let dialect = if url.starts_with("postgres") {
+            Dialect::Postgres
+        } else {
+            Dialect::Sqlite
+        };
         let opts = AnyPoolOptions::new()
             .max_connections(if dialect == Dialect::Sqlite { 8 } else { 16 })
             .acquire_timeout(Duration::from_secs(30))
@@ -244,21 +257,30 @@ impl MetaStore {
     }
 
     /// Appends an event to a workspace's log inside `tx`; returns its sequence number.
-    pub async fn append_event(tx: &mut Tx, workspace: &str, kind: &str, data: serde_json::Value) -> Result<i64> {
+    pub async fn append_event(
+        tx: &mut Tx,
+        workspace: &str,
+        kind: &str,
+        data: serde_json::Value,
+    ) -> Result<i64> {
         Self::ensure_workspace(tx, workspace).await?;
-        let row = sqlx::query("UPDATE workspaces SET event_seq = event_seq + 1 WHERE name = $1 RETURNING event_seq")
-            .bind(workspace)
-            .fetch_one(&mut **tx)
-            .await?;
+        let row = sqlx::query(
+            "UPDATE workspaces SET event_seq = event_seq + 1 WHERE name = $1 RETURNING event_seq",
+        )
+        .bind(workspace)
+        .fetch_one(&mut **tx)
+        .await?;
         let seq: i64 = row.try_get(0)?;
-        sqlx::query("INSERT INTO events (workspace, seq, kind, at, data) VALUES ($1, $2, $3, $4, $5)")
-            .bind(workspace)
-            .bind(seq)
-            .bind(kind)
-            .bind(now_ms())
-            .bind(data.to_string())
-            .execute(&mut **tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO events (workspace, seq, kind, at, data) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(workspace)
+        .bind(seq)
+        .bind(kind)
+        .bind(now_ms())
+        .bind(data.to_string())
+        .execute(&mut **tx)
+        .await?;
         Ok(seq)
     }
 
@@ -273,8 +295,14 @@ impl MetaStore {
 
     /// The active skill called `name`.
     pub async fn active_skill(&self, workspace: &str, name: &str) -> Result<Option<SkillRow>> {
-        let q = format!("SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'active'");
-        let row = sqlx::query(AssertSqlSafe(q)).bind(workspace).bind(name).fetch_optional(&self.pool).await?;
+        let q = format!(
+            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'active'"
+        );
+        let row = sqlx::query(AssertSqlSafe(q))
+            .bind(workspace)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(skill_from).transpose()
     }
 
@@ -283,53 +311,91 @@ impl MetaStore {
         let q = format!(
             "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'deleted' ORDER BY deleted_at DESC LIMIT 1"
         );
-        let row = sqlx::query(AssertSqlSafe(q)).bind(workspace).bind(name).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(AssertSqlSafe(q))
+            .bind(workspace)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(skill_from).transpose()
     }
 
     pub async fn skill_by_id(&self, id: &str) -> Result<Option<SkillRow>> {
         let q = format!("SELECT {SKILL_COLS} FROM skills WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(q)).bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(skill_from).transpose()
     }
 
     pub async fn list_skills(&self, workspace: &str) -> Result<Vec<SkillRow>> {
-        let q = format!("SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND state = 'active' ORDER BY name");
-        let rows = sqlx::query(AssertSqlSafe(q)).bind(workspace).fetch_all(&self.pool).await?;
+        let q = format!(
+            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND state = 'active' ORDER BY name"
+        );
+        let rows = sqlx::query(AssertSqlSafe(q))
+            .bind(workspace)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(skill_from).collect()
     }
 
     pub async fn revision(&self, skill_id: &str, revision: i64) -> Result<Option<RevisionRow>> {
         let q = format!("SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 AND revision = $2");
-        let row = sqlx::query(AssertSqlSafe(q)).bind(skill_id).bind(revision).fetch_optional(&self.pool).await?;
+        let row = sqlx::query(AssertSqlSafe(q))
+            .bind(skill_id)
+            .bind(revision)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(revision_from).transpose()
     }
 
     pub async fn revisions(&self, skill_id: &str) -> Result<Vec<RevisionRow>> {
-        let q = format!("SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 ORDER BY revision DESC");
-        let rows = sqlx::query(AssertSqlSafe(q)).bind(skill_id).fetch_all(&self.pool).await?;
+        let q =
+            format!("SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 ORDER BY revision DESC");
+        let rows = sqlx::query(AssertSqlSafe(q))
+            .bind(skill_id)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(revision_from).collect()
     }
 
     /// Every revision in state `available` (for fsck).
     pub async fn available_revisions(&self) -> Result<Vec<RevisionRow>> {
-        let q = format!("SELECT {REV_COLS} FROM revisions WHERE state = 'available' ORDER BY skill_id, revision");
+        let q = format!(
+            "SELECT {REV_COLS} FROM revisions WHERE state = 'available' ORDER BY skill_id, revision"
+        );
         let rows = sqlx::query(AssertSqlSafe(q)).fetch_all(&self.pool).await?;
         rows.iter().map(revision_from).collect()
     }
 
     /// The revision a same-base, same-digest publish created, if any.
-    async fn replay_of(tx: &mut Tx, skill_id: &str, base: i64, digest: &str) -> Result<Option<RevisionRow>> {
+    async fn replay_of(
+        tx: &mut Tx,
+        skill_id: &str,
+        base: i64,
+        digest: &str,
+    ) -> Result<Option<RevisionRow>> {
         let q = format!(
             "SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 AND parent_revision = $2 AND digest = $3 ORDER BY revision LIMIT 1"
         );
-        let row = sqlx::query(AssertSqlSafe(q)).bind(skill_id).bind(base).bind(digest).fetch_optional(&mut **tx).await?;
+        let row = sqlx::query(AssertSqlSafe(q))
+            .bind(skill_id)
+            .bind(base)
+            .bind(digest)
+            .fetch_optional(&mut **tx)
+            .await?;
         row.as_ref().map(revision_from).transpose()
     }
 
     async fn active_skill_tx(tx: &mut Tx, workspace: &str, name: &str) -> Result<Option<SkillRow>> {
-        let q = format!("SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'active'");
-        let row = sqlx::query(AssertSqlSafe(q)).bind(workspace).bind(name).fetch_optional(&mut **tx).await?;
+        let q = format!(
+            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'active'"
+        );
+        let row = sqlx::query(AssertSqlSafe(q))
+            .bind(workspace)
+            .bind(name)
+            .fetch_optional(&mut **tx)
+            .await?;
         row.as_ref().map(skill_from).transpose()
     }
 
@@ -343,7 +409,9 @@ impl MetaStore {
         let mut skill = Self::active_skill_tx(&mut tx, n.workspace, n.skill).await?;
         if skill.is_none() {
             if n.base_revision != 0 {
-                return Ok(CommitOutcome::Conflict { current_revision: 0 });
+                return Ok(CommitOutcome::Conflict {
+                    current_revision: 0,
+                });
             }
             let id = new_id();
             sqlx::query(
@@ -369,12 +437,19 @@ impl MetaStore {
         .fetch_optional(&mut *tx)
         .await?;
         let Some(moved) = moved else {
-            if let Some(rev) = Self::replay_of(&mut tx, &skill.id, n.base_revision, n.digest).await? {
+            if let Some(rev) =
+                Self::replay_of(&mut tx, &skill.id, n.base_revision, n.digest).await?
+            {
                 tx.rollback().await?;
-                return Ok(CommitOutcome::Replayed { skill, revision: rev });
+                return Ok(CommitOutcome::Replayed {
+                    skill,
+                    revision: rev,
+                });
             }
             tx.rollback().await?;
-            return Ok(CommitOutcome::Conflict { current_revision: skill.current_revision });
+            return Ok(CommitOutcome::Conflict {
+                current_revision: skill.current_revision,
+            });
         };
         let revision: i64 = moved.try_get(0)?;
         sqlx::query(
@@ -400,7 +475,12 @@ impl MetaStore {
         )
         .await?;
         tx.commit().await?;
-        let skill = SkillRow { current_revision: revision, last_revision: revision, updated_at: now, ..skill };
+        let skill = SkillRow {
+            current_revision: revision,
+            last_revision: revision,
+            updated_at: now,
+            ..skill
+        };
         let rev = RevisionRow {
             skill_id: skill.id.clone(),
             revision,
@@ -414,11 +494,20 @@ impl MetaStore {
             frontmatter: n.frontmatter.clone(),
             state_reason: None,
         };
-        Ok(CommitOutcome::Created { skill, revision: rev })
+        Ok(CommitOutcome::Created {
+            skill,
+            revision: rev,
+        })
     }
 
     /// Moves the current pointer to `revision` if it is `base` now (rollback).
-    pub async fn move_current(&self, workspace: &str, skill: &SkillRow, revision: i64, base: i64) -> Result<Option<i64>> {
+    pub async fn move_current(
+        &self,
+        workspace: &str,
+        skill: &SkillRow,
+        revision: i64,
+        base: i64,
+    ) -> Result<Option<i64>> {
         let mut tx = self.write_tx().await?;
         let target = "SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2";
         let state: Option<String> = sqlx::query(AssertSqlSafe(target))
@@ -429,10 +518,25 @@ impl MetaStore {
             .map(|r| r.try_get(0))
             .transpose()?;
         match state.as_deref() {
-            None => return Err(RegistryError::NotFound(format!("skill {} has no revision {revision}", skill.name))),
-            Some("revoked") => return Err(RegistryError::RevisionRevoked(format!("revision {revision} of {} is revoked", skill.name))),
+            None => {
+                return Err(RegistryError::NotFound(format!(
+                    "skill {} has no revision {revision}",
+                    skill.name
+                )));
+            }
+            Some("revoked") => {
+                return Err(RegistryError::RevisionRevoked(format!(
+                    "revision {revision} of {} is revoked",
+                    skill.name
+                )));
+            }
             Some("available") => {}
-            Some(other) => return Err(RegistryError::NotFound(format!("revision {revision} of {} is {other}", skill.name))),
+            Some(other) => {
+                return Err(RegistryError::NotFound(format!(
+                    "revision {revision} of {} is {other}",
+                    skill.name
+                )));
+            }
         }
         let moved = sqlx::query(
             "UPDATE skills SET current_revision = $3, updated_at = $4 WHERE id = $1 AND current_revision = $2 AND state = 'active' RETURNING id",
@@ -478,14 +582,24 @@ impl MetaStore {
             tx.rollback().await?;
             return Ok(false);
         }
-        Self::append_event(&mut tx, workspace, "skill.deleted", serde_json::json!({"skill": skill.name, "skill_id": skill.id}))
-            .await?;
+        Self::append_event(
+            &mut tx,
+            workspace,
+            "skill.deleted",
+            serde_json::json!({"skill": skill.name, "skill_id": skill.id}),
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }
 
     /// Events with `seq > after`, oldest first, at most `limit`.
-    pub async fn events_after(&self, workspace: &str, after: i64, limit: i64) -> Result<Vec<Event>> {
+    pub async fn events_after(
+        &self,
+        workspace: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>> {
         let rows = sqlx::query("SELECT seq, kind, at, data FROM events WHERE workspace = $1 AND seq > $2 ORDER BY seq LIMIT $3")
             .bind(workspace)
             .bind(after)
@@ -508,25 +622,37 @@ impl MetaStore {
     // --- tokens ---
 
     pub async fn insert_token(&self, hash: &str, workspace: &str, role: &str) -> Result<()> {
-        sqlx::query("INSERT INTO tokens (hash, workspace, role, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(hash)
-            .bind(workspace)
-            .bind(role)
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "INSERT INTO tokens (hash, workspace, role, created_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(hash)
+        .bind(workspace)
+        .bind(role)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 
     /// (workspace, role) of the token with this hash.
     pub async fn token(&self, hash: &str) -> Result<Option<(String, String)>> {
-        let row = sqlx::query("SELECT workspace, role FROM tokens WHERE hash = $1").bind(hash).fetch_optional(&self.pool).await?;
+        let row = sqlx::query("SELECT workspace, role FROM tokens WHERE hash = $1")
+            .bind(hash)
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
     }
 
     // --- drafts ---
 
-    pub async fn insert_draft(&self, id: &str, workspace: &str, skill: &str, base: i64, files: &[DraftFile]) -> Result<()> {
+    pub async fn insert_draft(
+        &self,
+        id: &str,
+        workspace: &str,
+        skill: &str,
+        base: i64,
+        files: &[DraftFile],
+    ) -> Result<()> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
         sqlx::query("INSERT INTO drafts (id, workspace, skill, base_revision, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)")
@@ -585,7 +711,12 @@ impl MetaStore {
         rows.iter()
             .map(|r| {
                 let x: i64 = r.try_get(3)?;
-                Ok(DraftFile { path: r.try_get(0)?, sha256: r.try_get(1)?, size: r.try_get(2)?, executable: x != 0 })
+                Ok(DraftFile {
+                    path: r.try_get(0)?,
+                    sha256: r.try_get(1)?,
+                    size: r.try_get(2)?,
+                    executable: x != 0,
+                })
             })
             .collect()
     }
@@ -593,13 +724,21 @@ impl MetaStore {
     pub async fn put_draft_file(&self, id: &str, f: &DraftFile) -> Result<()> {
         let mut tx = self.write_tx().await?;
         Self::put_draft_file_tx(&mut tx, id, f).await?;
-        sqlx::query("UPDATE drafts SET updated_at = $2 WHERE id = $1").bind(id).bind(now_ms()).execute(&mut *tx).await?;
+        sqlx::query("UPDATE drafts SET updated_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
 
     pub async fn delete_draft_file(&self, id: &str, path: &str) -> Result<bool> {
-        let r = sqlx::query("DELETE FROM draft_files WHERE draft_id = $1 AND path = $2").bind(id).bind(path).execute(&self.pool).await?;
+        let r = sqlx::query("DELETE FROM draft_files WHERE draft_id = $1 AND path = $2")
+            .bind(id)
+            .bind(path)
+            .execute(&self.pool)
+            .await?;
         Ok(r.rows_affected() > 0)
     }
 
@@ -615,15 +754,23 @@ impl MetaStore {
 
     pub async fn delete_draft(&self, id: &str) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM draft_files WHERE draft_id = $1").bind(id).execute(&mut *tx).await?;
-        sqlx::query("DELETE FROM drafts WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM draft_files WHERE draft_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM drafts WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(())
     }
 
     /// Every blob hash referenced by a draft (fsck and, later, GC roots).
     pub async fn draft_blob_refs(&self) -> Result<Vec<String>> {
-        let rows = sqlx::query("SELECT DISTINCT sha256 FROM draft_files").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT DISTINCT sha256 FROM draft_files")
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
 }

@@ -1,8 +1,8 @@
 //! Publication (SPEC §4.1–4.2): staging → validation → content → one sync → one transaction.
 
+use crate::Registry;
 use crate::error::{RegistryError, Result};
 use crate::meta::{CommitOutcome, NewRevision, RevisionRow, SkillRow};
-use crate::Registry;
 use serde::Serialize;
 use skillbox_package::{ArchiveFormat, CheckOptions, Package, Problem, StagingDir, intake};
 use std::path::PathBuf;
@@ -23,7 +23,12 @@ pub struct Published {
 }
 
 impl Published {
-    fn from_rows(skill: &SkillRow, rev: &RevisionRow, warnings: Vec<Problem>, replayed: bool) -> Self {
+    fn from_rows(
+        skill: &SkillRow,
+        rev: &RevisionRow,
+        warnings: Vec<Problem>,
+        replayed: bool,
+    ) -> Self {
         Published {
             skill_id: skill.id.clone(),
             name: skill.name.clone(),
@@ -40,7 +45,11 @@ impl Published {
 
 impl Registry {
     fn check_options(&self, name: &str) -> CheckOptions {
-        CheckOptions { strict: self.cfg.strict, expected_name: Some(name.to_string()), limits: self.cfg.limits }
+        CheckOptions {
+            strict: self.cfg.strict,
+            expected_name: Some(name.to_string()),
+            limits: self.cfg.limits,
+        }
     }
 
     /// Publishes the archive at `staging/upload`. `format` comes from the content type; when
@@ -61,7 +70,9 @@ impl Registry {
             let tree = staging.path().join("tree");
             std::fs::create_dir(&tree)?;
             let intake = match format {
-                Some(f) => intake::extract_archive(std::fs::File::open(&upload)?, f, &tree, &opts.limits)?,
+                Some(f) => {
+                    intake::extract_archive(std::fs::File::open(&upload)?, f, &tree, &opts.limits)?
+                }
                 None => intake::extract_archive_file(&upload, &tree, &opts.limits)?,
             };
             // The upload is not needed any more; free the space before storing content.
@@ -70,8 +81,12 @@ impl Registry {
         })
         .await
         .map_err(RegistryError::internal)??;
-        let pkg = checked.map_err(|r| RegistryError::InvalidPackage { problems: r.problems, warnings: r.warnings })?;
-        self.publish_package(workspace, name, base_revision, staging, pkg, publisher).await
+        let pkg = checked.map_err(|r| RegistryError::InvalidPackage {
+            problems: r.problems,
+            warnings: r.warnings,
+        })?;
+        self.publish_package(workspace, name, base_revision, staging, pkg, publisher)
+            .await
     }
 
     /// Publishes a package directory already inside `staging` (draft publication).
@@ -91,8 +106,12 @@ impl Registry {
         })
         .await
         .map_err(RegistryError::internal)??;
-        let pkg = checked.map_err(|r| RegistryError::InvalidPackage { problems: r.problems, warnings: r.warnings })?;
-        self.publish_package(workspace, name, base_revision, staging, pkg, publisher).await
+        let pkg = checked.map_err(|r| RegistryError::InvalidPackage {
+            problems: r.problems,
+            warnings: r.warnings,
+        })?;
+        self.publish_package(workspace, name, base_revision, staging, pkg, publisher)
+            .await
     }
 
     async fn publish_package(
@@ -110,28 +129,46 @@ impl Registry {
         if let Some(skill) = self.meta.active_skill(workspace, name).await? {
             // Publishing exactly what is current changes nothing: answer with the current
             // revision instead of minting an identical one.
-            if skill.current_revision == base_revision && base_revision > 0 {
-                if let Some(cur) = self.meta.revision(&skill.id, base_revision).await? {
-                    if cur.digest == digest {
-                        return Ok(Published::from_rows(&skill, &cur, pkg.warnings, true));
-                    }
-                }
+            if skill.current_revision == base_revision
+                && base_revision > 0
+                && let Some(cur) = self.meta.revision(&skill.id, base_revision).await?
+                && cur.digest == digest
+            {
+                return Ok(Published::from_rows(&skill, &cur, pkg.warnings, true));
             }
             if skill.current_revision != base_revision {
                 if let Some(rev) = self.find_replay(&skill, base_revision, &digest).await? {
                     return Ok(Published::from_rows(&skill, &rev, pkg.warnings, true));
                 }
-                return Err(RegistryError::RevisionConflict { current_revision: skill.current_revision, base_revision });
+                return Err(RegistryError::RevisionConflict {
+                    current_revision: skill.current_revision,
+                    base_revision,
+                });
             }
         } else if base_revision != 0 {
-            return Err(RegistryError::RevisionConflict { current_revision: 0, base_revision });
+            return Err(RegistryError::RevisionConflict {
+                current_revision: 0,
+                base_revision,
+            });
         }
 
         // Content first: blobs, manifest, revision-cache tree; then one sync for all of it.
-        let blobs = pkg.manifest.entries().iter().map(|e| (e.sha256, pkg.root.join(&e.path))).collect();
+        let blobs = pkg
+            .manifest
+            .entries()
+            .iter()
+            .map(|e| (e.sha256, pkg.root.join(&e.path)))
+            .collect();
         self.content.put_blob_files(blobs).await?;
-        self.content.put_manifest(pkg.manifest.encode().into()).await?;
-        let (cache, content, manifest, d) = (self.cache.clone(), self.content.clone(), pkg.manifest.clone(), pkg.digest);
+        self.content
+            .put_manifest(pkg.manifest.encode().into())
+            .await?;
+        let (cache, content, manifest, d) = (
+            self.cache.clone(),
+            self.content.clone(),
+            pkg.manifest.clone(),
+            pkg.digest,
+        );
         let rt = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || cache.ensure(&d, &manifest, &content, &rt))
             .await
@@ -139,7 +176,8 @@ impl Registry {
         self.content.sync().await?;
         drop(staging);
 
-        let frontmatter = serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
+        let frontmatter =
+            serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
         let outcome = self
             .meta
             .commit_revision(&NewRevision {
@@ -156,28 +194,51 @@ impl Registry {
         match outcome {
             CommitOutcome::Created { skill, revision } => {
                 self.notify_change();
-                tracing::info!(workspace, skill = name, revision = revision.revision, digest, "published");
+                tracing::info!(
+                    workspace,
+                    skill = name,
+                    revision = revision.revision,
+                    digest,
+                    "published"
+                );
                 Ok(Published::from_rows(&skill, &revision, pkg.warnings, false))
             }
-            CommitOutcome::Replayed { skill, revision } => Ok(Published::from_rows(&skill, &revision, pkg.warnings, true)),
-            CommitOutcome::Conflict { current_revision } => {
-                Err(RegistryError::RevisionConflict { current_revision, base_revision })
+            CommitOutcome::Replayed { skill, revision } => {
+                Ok(Published::from_rows(&skill, &revision, pkg.warnings, true))
             }
+            CommitOutcome::Conflict { current_revision } => Err(RegistryError::RevisionConflict {
+                current_revision,
+                base_revision,
+            }),
         }
     }
 
-    async fn find_replay(&self, skill: &SkillRow, base: i64, digest: &str) -> Result<Option<RevisionRow>> {
-        Ok(self.meta.revisions(&skill.id).await?.into_iter().find(|r| r.parent_revision == base && r.digest == digest))
+    async fn find_replay(
+        &self,
+        skill: &SkillRow,
+        base: i64,
+        digest: &str,
+    ) -> Result<Option<RevisionRow>> {
+        Ok(self
+            .meta
+            .revisions(&skill.id)
+            .await?
+            .into_iter()
+            .find(|r| r.parent_revision == base && r.digest == digest))
     }
 }
 
 /// Workspace and skill names follow the skill-name rule (SPEC §1).
 pub(crate) fn validate_names(workspace: &str, name: &str) -> Result<()> {
     if !skillbox_package::is_valid_name(workspace) {
-        return Err(RegistryError::BadRequest(format!("invalid workspace name {workspace:?}: use 1–64 of a-z, 0-9 and single hyphens")));
+        return Err(RegistryError::BadRequest(format!(
+            "invalid workspace name {workspace:?}: use 1–64 of a-z, 0-9 and single hyphens"
+        )));
     }
     if !skillbox_package::is_valid_name(name) {
-        return Err(RegistryError::BadRequest(format!("invalid skill name {name:?}: use 1–64 of a-z, 0-9 and single hyphens")));
+        return Err(RegistryError::BadRequest(format!(
+            "invalid skill name {name:?}: use 1–64 of a-z, 0-9 and single hyphens"
+        )));
     }
     Ok(())
 }

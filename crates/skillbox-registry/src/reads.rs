@@ -1,8 +1,8 @@
 //! Reads: skills, revisions, files, archives; pointer moves and deletion.
 
+use crate::Registry;
 use crate::error::{RegistryError, Result};
 use crate::meta::{RevisionRow, SkillRow};
-use crate::Registry;
 use serde::Serialize;
 use skillbox_package::{Digest, FileEntry, Manifest, Sha256};
 use std::path::PathBuf;
@@ -25,7 +25,11 @@ impl std::str::FromStr for RevSel {
             .ok()
             .filter(|n| *n > 0)
             .map(RevSel::Number)
-            .ok_or_else(|| RegistryError::BadRequest(format!("revision must be a positive number or 'current', not {s:?}")))
+            .ok_or_else(|| {
+                RegistryError::BadRequest(format!(
+                    "revision must be a positive number or 'current', not {s:?}"
+                ))
+            })
     }
 }
 
@@ -64,21 +68,35 @@ impl Registry {
         self.meta
             .active_skill(workspace, name)
             .await?
-            .ok_or_else(|| RegistryError::NotFound(format!("no skill {name:?} in workspace {workspace:?}")))
+            .ok_or_else(|| {
+                RegistryError::NotFound(format!("no skill {name:?} in workspace {workspace:?}"))
+            })
     }
 
     pub async fn list_skills(&self, workspace: &str) -> Result<Vec<SkillSummary>> {
         let mut out = Vec::new();
         for s in self.meta.list_skills(workspace).await? {
-            let cur = if s.current_revision > 0 { self.meta.revision(&s.id, s.current_revision).await? } else { None };
+            let cur = if s.current_revision > 0 {
+                self.meta.revision(&s.id, s.current_revision).await?
+            } else {
+                None
+            };
             out.push(summary(&s, cur.as_ref()));
         }
         Ok(out)
     }
 
-    pub async fn skill_summary(&self, workspace: &str, name: &str) -> Result<(SkillSummary, Option<RevisionRow>)> {
+    pub async fn skill_summary(
+        &self,
+        workspace: &str,
+        name: &str,
+    ) -> Result<(SkillSummary, Option<RevisionRow>)> {
         let s = self.skill(workspace, name).await?;
-        let cur = if s.current_revision > 0 { self.meta.revision(&s.id, s.current_revision).await? } else { None };
+        let cur = if s.current_revision > 0 {
+            self.meta.revision(&s.id, s.current_revision).await?
+        } else {
+            None
+        };
         Ok((summary(&s, cur.as_ref()), cur))
     }
 
@@ -93,38 +111,51 @@ impl Registry {
         let skill = self.skill(workspace, name).await?;
         let n = match sel {
             RevSel::Current if skill.current_revision == 0 => {
-                return Err(RegistryError::NotFound(format!("skill {name:?} has no current revision")));
+                return Err(RegistryError::NotFound(format!(
+                    "skill {name:?} has no current revision"
+                )));
             }
             RevSel::Current => skill.current_revision,
             RevSel::Number(n) => n,
         };
-        let revision = self
-            .meta
-            .revision(&skill.id, n)
-            .await?
-            .ok_or_else(|| RegistryError::NotFound(format!("skill {name:?} has no revision {n}")))?;
+        let revision = self.meta.revision(&skill.id, n).await?.ok_or_else(|| {
+            RegistryError::NotFound(format!("skill {name:?} has no revision {n}"))
+        })?;
         match revision.state.as_str() {
             "available" => {}
             "revoked" => {
                 return Err(RegistryError::RevisionRevoked(format!(
                     "revision {n} of {name:?} is revoked: {}",
-                    revision.state_reason.as_deref().unwrap_or("no reason given")
+                    revision
+                        .state_reason
+                        .as_deref()
+                        .unwrap_or("no reason given")
                 )));
             }
-            other => return Err(RegistryError::NotFound(format!("revision {n} of {name:?} is {other}"))),
+            other => {
+                return Err(RegistryError::NotFound(format!(
+                    "revision {n} of {name:?} is {other}"
+                )));
+            }
         }
         let digest: Digest = revision.digest.parse().map_err(RegistryError::internal)?;
         let manifest = self.manifest(&digest).await?;
-        Ok(RevisionView { skill, revision, digest, manifest })
+        Ok(RevisionView {
+            skill,
+            revision,
+            digest,
+            manifest,
+        })
     }
 
     /// A file of a revision: the entry and where its bytes are.
     pub async fn file(&self, view: &RevisionView, path: &str) -> Result<(FileEntry, FileContent)> {
-        let entry = view
-            .manifest
-            .get(path)
-            .cloned()
-            .ok_or_else(|| RegistryError::NotFound(format!("revision {} has no file {path:?}", view.revision.revision)))?;
+        let entry = view.manifest.get(path).cloned().ok_or_else(|| {
+            RegistryError::NotFound(format!(
+                "revision {} has no file {path:?}",
+                view.revision.revision
+            ))
+        })?;
         let on_disk = self.cache.tree_path(&view.digest).join(&entry.path);
         if on_disk.is_file() {
             return Ok((entry, FileContent::Path(on_disk)));
@@ -134,7 +165,9 @@ impl Registry {
     }
 
     pub(crate) async fn blob(&self, sha: &Sha256) -> Result<bytes::Bytes> {
-        self.content.get_blob(sha).await?.ok_or_else(|| RegistryError::Internal(format!("blob {sha} missing from the content store")))
+        self.content.get_blob(sha).await?.ok_or_else(|| {
+            RegistryError::Internal(format!("blob {sha} missing from the content store"))
+        })
     }
 
     /// The deterministic tar of a revision.
@@ -142,7 +175,11 @@ impl Registry {
         let tree = self.cache.tree_path(&view.digest);
         let manifest = view.manifest.clone();
         tokio::task::spawn_blocking(move || {
-            skillbox_package::write::write_tar(Vec::new(), &manifest, &skillbox_package::write::DirSource(&tree))
+            skillbox_package::write::write_tar(
+                Vec::new(),
+                &manifest,
+                &skillbox_package::write::DirSource(&tree),
+            )
         })
         .await
         .map_err(RegistryError::internal)?
@@ -150,21 +187,36 @@ impl Registry {
     }
 
     /// Rollback: moves the pointer to `revision` when it is `base` now.
-    pub async fn move_current(&self, workspace: &str, name: &str, revision: i64, base: i64) -> Result<()> {
+    pub async fn move_current(
+        &self,
+        workspace: &str,
+        name: &str,
+        revision: i64,
+        base: i64,
+    ) -> Result<()> {
         let skill = self.skill(workspace, name).await?;
-        match self.meta.move_current(workspace, &skill, revision, base).await? {
+        match self
+            .meta
+            .move_current(workspace, &skill, revision, base)
+            .await?
+        {
             None => {
                 self.notify_change();
                 Ok(())
             }
-            Some(current_revision) => Err(RegistryError::RevisionConflict { current_revision, base_revision: base }),
+            Some(current_revision) => Err(RegistryError::RevisionConflict {
+                current_revision,
+                base_revision: base,
+            }),
         }
     }
 
     pub async fn delete_skill(&self, workspace: &str, name: &str) -> Result<SkillRow> {
         let skill = self.skill(workspace, name).await?;
         if !self.meta.delete_skill(workspace, &skill).await? {
-            return Err(RegistryError::NotFound(format!("no skill {name:?} in workspace {workspace:?}")));
+            return Err(RegistryError::NotFound(format!(
+                "no skill {name:?} in workspace {workspace:?}"
+            )));
         }
         self.notify_change();
         Ok(skill)
@@ -175,7 +227,10 @@ fn summary(s: &SkillRow, cur: Option<&RevisionRow>) -> SkillSummary {
     SkillSummary {
         id: s.id.clone(),
         name: s.name.clone(),
-        description: cur.and_then(|r| r.frontmatter.get("description")).and_then(|d| d.as_str()).map(str::to_string),
+        description: cur
+            .and_then(|r| r.frontmatter.get("description"))
+            .and_then(|d| d.as_str())
+            .map(str::to_string),
         current_revision: s.current_revision,
         current_digest: cur.map(|r| r.digest.clone()),
         state: s.state.clone(),

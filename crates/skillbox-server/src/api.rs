@@ -23,19 +23,45 @@ pub fn routes() -> Router<SharedState> {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .route("/v1/workspaces/{ws}/skills", get(list_skills))
-        .route("/v1/workspaces/{ws}/skills/{name}", get(skill_detail).delete(delete_skill))
-        .route("/v1/workspaces/{ws}/skills/{name}/revisions", post(publish).get(list_revisions))
-        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}", get(revision_detail))
-        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}", get(revision_file))
-        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive", get(revision_archive))
-        .route("/v1/workspaces/{ws}/skills/{name}/current", axum::routing::put(move_current))
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}",
+            get(skill_detail).delete(delete_skill),
+        )
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}/revisions",
+            post(publish).get(list_revisions),
+        )
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}",
+            get(revision_detail),
+        )
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}",
+            get(revision_file),
+        )
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive",
+            get(revision_archive),
+        )
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}/current",
+            axum::routing::put(move_current),
+        )
         .route("/v1/workspaces/{ws}/drafts", post(create_draft))
-        .route("/v1/workspaces/{ws}/drafts/{id}", get(draft_detail).put(rebase_draft).delete(delete_draft))
+        .route(
+            "/v1/workspaces/{ws}/drafts/{id}",
+            get(draft_detail).put(rebase_draft).delete(delete_draft),
+        )
         .route(
             "/v1/workspaces/{ws}/drafts/{id}/files/{*path}",
-            get(draft_file_get).put(draft_file_put).delete(draft_file_delete),
+            get(draft_file_get)
+                .put(draft_file_put)
+                .delete(draft_file_delete),
         )
-        .route("/v1/workspaces/{ws}/drafts/{id}/publish", post(publish_draft))
+        .route(
+            "/v1/workspaces/{ws}/drafts/{id}/publish",
+            post(publish_draft),
+        )
         .route("/v1/workspaces/{ws}/events", get(events))
         .route("/v1/admin/tokens", post(create_token))
         .route("/v1/admin/fsck", post(fsck))
@@ -64,11 +90,19 @@ async fn principal(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal
 }
 
 /// Authorizes `role` in workspace `ws`. A token of another workspace learns nothing: `not_found`.
-async fn authorize(state: &AppState, headers: &HeaderMap, ws: &str, role: Role) -> ApiResult<Principal> {
+async fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    ws: &str,
+    role: Role,
+) -> ApiResult<Principal> {
     let p = principal(state, headers).await?;
     match &p {
         Principal::ServerAdmin => {}
-        Principal::Workspace { workspace, role: have } => {
+        Principal::Workspace {
+            workspace,
+            role: have,
+        } => {
             if workspace != ws {
                 return Err(ApiError::not_found(format!("no workspace {ws:?}")));
             }
@@ -99,7 +133,11 @@ async fn healthz(State(s): State<SharedState>) -> ApiResult<Json<Value>> {
 }
 
 async fn sqlx_ping(s: &AppState) -> ApiResult<()> {
-    s.registry.events_after("healthz", i64::MAX, 1).await.map(|_| ()).map_err(ApiError::from)
+    s.registry
+        .events_after("healthz", i64::MAX, 1)
+        .await
+        .map(|_| ())
+        .map_err(ApiError::from)
 }
 
 async fn metrics(State(s): State<SharedState>) -> Response {
@@ -114,15 +152,25 @@ async fn metrics(State(s): State<SharedState>) -> Response {
                 bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
             }
         }
-        let trees = std::fs::read_dir(&trees).map(|rd| rd.count() as u64).unwrap_or(0);
+        let trees = std::fs::read_dir(&trees)
+            .map(|rd| rd.count() as u64)
+            .unwrap_or(0);
         (count, bytes, trees)
     })
     .await
     .unwrap_or((0, 0, 0));
     let body = s.metrics.render(&[
         ("skillbox_store_blobs", "Blobs in the content store.", count),
-        ("skillbox_store_blob_bytes", "Bytes of blobs in the content store.", bytes),
-        ("skillbox_revision_cache_trees", "Trees in the revision cache.", tree_count),
+        (
+            "skillbox_store_blob_bytes",
+            "Bytes of blobs in the content store.",
+            bytes,
+        ),
+        (
+            "skillbox_revision_cache_trees",
+            "Trees in the revision cache.",
+            tree_count,
+        ),
     ]);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
@@ -133,13 +181,21 @@ async fn openapi() -> Json<Value> {
 
 // ---------- skills and revisions ----------
 
-async fn list_skills(State(s): State<SharedState>, Path(ws): Path<String>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn list_skills(
+    State(s): State<SharedState>,
+    Path(ws): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
     let skills = s.registry.list_skills(&ws).await?;
     Ok(Json(json!({"skills": skills})))
 }
 
-async fn skill_detail(State(s): State<SharedState>, Path((ws, name)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn skill_detail(
+    State(s): State<SharedState>,
+    Path((ws, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
     let (summary, current) = s.registry.skill_summary(&ws, &name).await?;
     let mut v = serde_json::to_value(&summary).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -147,10 +203,16 @@ async fn skill_detail(State(s): State<SharedState>, Path((ws, name)): Path<(Stri
     Ok(Json(v))
 }
 
-async fn delete_skill(State(s): State<SharedState>, Path((ws, name)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn delete_skill(
+    State(s): State<SharedState>,
+    Path((ws, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Admin).await?;
     let skill = s.registry.delete_skill(&ws, &name).await?;
-    Ok(Json(json!({"skill_id": skill.id, "name": skill.name, "state": "deleted"})))
+    Ok(Json(
+        json!({"skill_id": skill.id, "name": skill.name, "state": "deleted"}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -168,13 +230,20 @@ async fn publish(
     let who = authorize(&s, &headers, &ws, Role::Author).await?;
     let base = q.base_revision.unwrap_or(0);
     if base < 0 {
-        return Err(ApiError::bad_request("base_revision must be 0 (create) or a revision number"));
+        return Err(ApiError::bad_request(
+            "base_revision must be 0 (create) or a revision number",
+        ));
     }
     let cap = s.cfg.max_upload_bytes;
-    if let Some(len) = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
-        if len > cap {
-            return Err(ApiError::too_large(format!("upload is {len} bytes; the limit is {cap}")));
-        }
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > cap
+    {
+        return Err(ApiError::too_large(format!(
+            "upload is {len} bytes; the limit is {cap}"
+        )));
     }
     let format = match headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         None | Some("application/octet-stream") => None,
@@ -186,15 +255,29 @@ async fn publish(
     };
     let staging = s.registry.new_staging("upload-")?;
     spool(body, &staging.path().join("upload"), cap).await?;
-    let result = s.registry.publish_archive(&ws, &name, base, staging, format, &who.label()).await;
+    let result = s
+        .registry
+        .publish_archive(&ws, &name, base, staging, format, &who.label())
+        .await;
     count_publish(&s, &result, true);
     let published = result?;
-    let status = if published.replayed { StatusCode::OK } else { StatusCode::CREATED };
-    Ok((status, Json(serde_json::to_value(&published).map_err(|e| ApiError::internal(e.to_string()))?)))
+    let status = if published.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(serde_json::to_value(&published).map_err(|e| ApiError::internal(e.to_string()))?),
+    ))
 }
 
 /// Counts a publish (or, with `published = false`, a pointer move) by its outcome.
-fn count_publish<T>(s: &AppState, r: &Result<T, skillbox_registry::RegistryError>, published: bool) {
+fn count_publish<T>(
+    s: &AppState,
+    r: &Result<T, skillbox_registry::RegistryError>,
+    published: bool,
+) {
     let counter = match r {
         Ok(_) if published => &s.metrics.publishes,
         Ok(_) => return,
@@ -207,22 +290,35 @@ fn count_publish<T>(s: &AppState, r: &Result<T, skillbox_registry::RegistryError
 
 /// Streams a request body to `path`, refusing more than `cap` bytes.
 async fn spool(body: Body, path: &std::path::Path, cap: u64) -> ApiResult<()> {
-    let mut file = tokio::fs::File::create(path).await.map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut file = tokio::fs::File::create(path)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let mut stream = body.into_data_stream();
     let mut total = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
         total += chunk.len() as u64;
         if total > cap {
-            return Err(ApiError::too_large(format!("upload exceeds the limit of {cap} bytes")));
+            return Err(ApiError::too_large(format!(
+                "upload exceeds the limit of {cap} bytes"
+            )));
         }
-        file.write_all(&chunk).await.map_err(|e| ApiError::internal(e.to_string()))?;
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
     }
-    file.flush().await.map_err(|e| ApiError::internal(e.to_string()))?;
+    file.flush()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(())
 }
 
-async fn list_revisions(State(s): State<SharedState>, Path((ws, name)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn list_revisions(
+    State(s): State<SharedState>,
+    Path((ws, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
     let revs = s.registry.revisions(&ws, &name).await?;
     Ok(Json(json!({"revisions": revs})))
@@ -234,7 +330,10 @@ async fn revision_detail(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
-    let view = s.registry.revision(&ws, &name, rev.parse::<RevSel>()?).await?;
+    let view = s
+        .registry
+        .revision(&ws, &name, rev.parse::<RevSel>()?)
+        .await?;
     let r = &view.revision;
     Ok(Json(json!({
         "skill": view.skill.name,
@@ -256,7 +355,9 @@ fn content_type_for(path: &str) -> &'static str {
     let ext = path.rsplit('.').next().unwrap_or("");
     match ext {
         "md" => "text/markdown; charset=utf-8",
-        "txt" | "py" | "sh" | "js" | "ts" | "toml" | "yaml" | "yml" | "csv" | "rs" => "text/plain; charset=utf-8",
+        "txt" | "py" | "sh" | "js" | "ts" | "toml" | "yaml" | "yml" | "csv" | "rs" => {
+            "text/plain; charset=utf-8"
+        }
         "json" => "application/json",
         "html" => "text/html; charset=utf-8",
         _ => "application/octet-stream",
@@ -269,28 +370,47 @@ async fn revision_file(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
-    let view = s.registry.revision(&ws, &name, rev.parse::<RevSel>()?).await?;
+    let view = s
+        .registry
+        .revision(&ws, &name, rev.parse::<RevSel>()?)
+        .await?;
     let (entry, content) = s.registry.file(&view, &path).await?;
     file_response(&headers, &entry, content).await
 }
 
 /// A file's bytes with `ETag: "sha256:<hex>"`; `If-None-Match` answers 304.
-pub(crate) async fn file_response(headers: &HeaderMap, entry: &skillbox_package::FileEntry, content: FileContent) -> ApiResult<Response> {
+pub(crate) async fn file_response(
+    headers: &HeaderMap,
+    entry: &skillbox_package::FileEntry,
+    content: FileContent,
+) -> ApiResult<Response> {
     let etag = format!("\"sha256:{}\"", entry.sha256);
-    if headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) == Some(etag.as_str()) {
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(etag.as_str())
+    {
         return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
     }
     let body = match content {
         FileContent::Bytes(b) => Body::from(b),
         FileContent::Path(p) => {
-            let f = tokio::fs::File::open(&p).await.map_err(|e| ApiError::internal(e.to_string()))?;
+            let f = tokio::fs::File::open(&p)
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?;
             Body::from_stream(tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024))
         }
     };
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
-    h.insert(header::ETAG, HeaderValue::from_str(&etag).map_err(|e| ApiError::internal(e.to_string()))?);
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type_for(&entry.path)));
+    h.insert(
+        header::ETAG,
+        HeaderValue::from_str(&etag).map_err(|e| ApiError::internal(e.to_string()))?,
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type_for(&entry.path)),
+    );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
     Ok(resp)
 }
@@ -301,14 +421,23 @@ async fn revision_archive(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
-    let view = s.registry.revision(&ws, &name, rev.parse::<RevSel>()?).await?;
+    let view = s
+        .registry
+        .revision(&ws, &name, rev.parse::<RevSel>()?)
+        .await?;
     let tar = s.registry.archive(&view).await?;
-    let disposition = format!("attachment; filename=\"{}-{}.tar\"", view.skill.name, view.revision.revision);
+    let disposition = format!(
+        "attachment; filename=\"{}-{}.tar\"",
+        view.skill.name, view.revision.revision
+    );
     Ok((
         [
             (header::CONTENT_TYPE, "application/x-tar".to_string()),
             (header::CONTENT_DISPOSITION, disposition),
-            (header::HeaderName::from_static("x-skillbox-digest"), view.digest.to_string()),
+            (
+                header::HeaderName::from_static("x-skillbox-digest"),
+                view.digest.to_string(),
+            ),
         ],
         tar,
     )
@@ -328,10 +457,15 @@ async fn move_current(
     Json(body): Json<MoveCurrent>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Author).await?;
-    let r = s.registry.move_current(&ws, &name, body.revision, body.base_revision).await;
+    let r = s
+        .registry
+        .move_current(&ws, &name, body.revision, body.base_revision)
+        .await;
     count_publish(&s, &r, false);
     r?;
-    Ok(Json(json!({"skill": name, "current_revision": body.revision})))
+    Ok(Json(
+        json!({"skill": name, "current_revision": body.revision}),
+    ))
 }
 
 // ---------- drafts ----------
@@ -350,16 +484,28 @@ async fn create_draft(
     Json(body): Json<CreateDraft>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&s, &headers, &ws, Role::Author).await?;
-    let d = s.registry.create_draft(&ws, &body.skill, body.base_revision).await?;
-    Ok((StatusCode::CREATED, Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision}))))
+    let d = s
+        .registry
+        .create_draft(&ws, &body.skill, body.base_revision)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision})),
+    ))
 }
 
-async fn draft_detail(State(s): State<SharedState>, Path((ws, id)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn draft_detail(
+    State(s): State<SharedState>,
+    Path((ws, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
     let d = s.registry.draft(&ws, &id).await?;
     let files = s.registry.draft_files(&ws, &id).await?;
-    Ok(Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision,
-                   "created_at": d.created_at, "updated_at": d.updated_at, "files": files})))
+    Ok(Json(
+        json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision,
+                   "created_at": d.created_at, "updated_at": d.updated_at, "files": files}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -374,11 +520,20 @@ async fn rebase_draft(
     Json(body): Json<Rebase>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Author).await?;
-    let d = s.registry.set_draft_base(&ws, &id, body.base_revision).await?;
-    Ok(Json(json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision})))
+    let d = s
+        .registry
+        .set_draft_base(&ws, &id, body.base_revision)
+        .await?;
+    Ok(Json(
+        json!({"draft_id": d.id, "skill": d.skill, "base_revision": d.base_revision}),
+    ))
 }
 
-async fn delete_draft(State(s): State<SharedState>, Path((ws, id)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<StatusCode> {
+async fn delete_draft(
+    State(s): State<SharedState>,
+    Path((ws, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
     authorize(&s, &headers, &ws, Role::Author).await?;
     s.registry.delete_draft(&ws, &id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -391,8 +546,14 @@ async fn draft_file_get(
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
     let (f, bytes) = s.registry.draft_file(&ws, &id, &path).await?;
-    let sha = skillbox_package::Sha256::from_hex(&f.sha256).ok_or_else(|| ApiError::internal("bad hash"))?;
-    let entry = skillbox_package::FileEntry { path: f.path, size: f.size as u64, sha256: sha, executable: f.executable };
+    let sha = skillbox_package::Sha256::from_hex(&f.sha256)
+        .ok_or_else(|| ApiError::internal("bad hash"))?;
+    let entry = skillbox_package::FileEntry {
+        path: f.path,
+        size: f.size as u64,
+        sha256: sha,
+        executable: f.executable,
+    };
     file_response(&headers, &entry, FileContent::Bytes(bytes)).await
 }
 
@@ -414,8 +575,13 @@ async fn draft_file_put(
     let bytes = axum::body::to_bytes(body, cap)
         .await
         .map_err(|_| ApiError::too_large(format!("file exceeds the limit of {cap} bytes")))?;
-    let f = s.registry.put_draft_file(&ws, &id, &path, bytes, q.executable).await?;
-    Ok(Json(serde_json::to_value(f).map_err(|e| ApiError::internal(e.to_string()))?))
+    let f = s
+        .registry
+        .put_draft_file(&ws, &id, &path, bytes, q.executable)
+        .await?;
+    Ok(Json(
+        serde_json::to_value(f).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }
 
 async fn draft_file_delete(
@@ -437,8 +603,15 @@ async fn publish_draft(
     let r = s.registry.publish_draft(&ws, &id, &who.label()).await;
     count_publish(&s, &r, true);
     let p = r?;
-    let status = if p.replayed { StatusCode::OK } else { StatusCode::CREATED };
-    Ok((status, Json(serde_json::to_value(p).map_err(|e| ApiError::internal(e.to_string()))?)))
+    let status = if p.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(serde_json::to_value(p).map_err(|e| ApiError::internal(e.to_string()))?),
+    ))
 }
 
 // ---------- events ----------
@@ -463,7 +636,10 @@ async fn events(
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
-    let last_event_id = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    let last_event_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
     let after = q.after.or(last_event_id).unwrap_or(0);
     struct St {
         s: SharedState,
@@ -474,20 +650,35 @@ async fn events(
         follow: bool,
     }
     let rx = s.registry.subscribe();
-    let init = St { s, ws, after, pending: Default::default(), rx, follow: q.follow };
+    let init = St {
+        s,
+        ws,
+        after,
+        pending: Default::default(),
+        rx,
+        follow: q.follow,
+    };
     let stream = futures_util::stream::unfold(init, |mut st| async move {
         loop {
             if let Some(e) = st.pending.pop_front() {
                 st.after = e.seq;
-                let data = json!({"seq": e.seq, "kind": e.kind, "at": e.at, "data": e.data}).to_string();
-                let ev = SseEvent::default().id(e.seq.to_string()).event(e.kind).data(data);
+                let data =
+                    json!({"seq": e.seq, "kind": e.kind, "at": e.at, "data": e.data}).to_string();
+                let ev = SseEvent::default()
+                    .id(e.seq.to_string())
+                    .event(e.kind)
+                    .data(data);
                 return Some((Ok::<_, std::convert::Infallible>(ev), st));
             }
             match st.s.registry.events_after(&st.ws, st.after, 256).await {
                 Ok(batch) if !batch.is_empty() => st.pending.extend(batch),
                 Ok(_) if !st.follow => return None,
                 Ok(_) => {
-                    let _ = tokio::time::timeout(std::time::Duration::from_millis(500), st.rx.changed()).await;
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_millis(500),
+                        st.rx.changed(),
+                    )
+                    .await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "event stream query failed");
@@ -496,7 +687,9 @@ async fn events(
             }
         }
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 // ---------- admin ----------
@@ -507,16 +700,29 @@ struct CreateToken {
     role: String,
 }
 
-async fn create_token(State(s): State<SharedState>, headers: HeaderMap, Json(body): Json<CreateToken>) -> ApiResult<(StatusCode, Json<Value>)> {
+async fn create_token(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    Json(body): Json<CreateToken>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize_server_admin(&s, &headers).await?;
-    let role = Role::parse(&body.role)
-        .ok_or_else(|| ApiError::bad_request(format!("unknown role {:?}: use reader, author, runner or admin", body.role)))?;
+    let role = Role::parse(&body.role).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unknown role {:?}: use reader, author, runner or admin",
+            body.role
+        ))
+    })?;
     let token = s.registry.create_token(&body.workspace, role).await?;
-    Ok((StatusCode::CREATED, Json(json!({"token": token, "workspace": body.workspace, "role": role.as_str()}))))
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"token": token, "workspace": body.workspace, "role": role.as_str()})),
+    ))
 }
 
 async fn fsck(State(s): State<SharedState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
     authorize_server_admin(&s, &headers).await?;
     let report = s.registry.fsck().await?;
-    Ok(Json(serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?))
+    Ok(Json(
+        serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }

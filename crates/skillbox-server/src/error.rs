@@ -15,7 +15,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into(), extra: None }
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            extra: None,
+        }
     }
     pub fn bad_request(m: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", m)
@@ -44,21 +49,32 @@ impl From<RegistryError> for ApiError {
         let (status, extra) = match &e {
             RegistryError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
             RegistryError::NotFound(_) => (StatusCode::NOT_FOUND, None),
-            RegistryError::RevisionConflict { current_revision, base_revision } => (
+            RegistryError::RevisionConflict {
+                current_revision,
+                base_revision,
+            } => (
                 StatusCode::CONFLICT,
                 Some(json!({"current_revision": current_revision, "base_revision": base_revision})),
             ),
-            RegistryError::SkillDeleted(_) | RegistryError::RevisionRevoked(_) => (StatusCode::GONE, None),
-            RegistryError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, None),
-            RegistryError::InvalidPackage { problems, warnings } => {
-                (StatusCode::UNPROCESSABLE_ENTITY, Some(json!({"problems": problems, "warnings": warnings})))
+            RegistryError::SkillDeleted(_) | RegistryError::RevisionRevoked(_) => {
+                (StatusCode::GONE, None)
             }
+            RegistryError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, None),
+            RegistryError::InvalidPackage { problems, warnings } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some(json!({"problems": problems, "warnings": warnings})),
+            ),
             RegistryError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 (StatusCode::INTERNAL_SERVER_ERROR, None)
             }
         };
-        ApiError { status, code, message, extra }
+        ApiError {
+            status,
+            code,
+            message,
+            extra,
+        }
     }
 }
 

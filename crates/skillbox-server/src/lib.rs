@@ -48,7 +48,11 @@ pub fn router(state: SharedState) -> Router {
 async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let method = req.method().to_string();
-    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string()).unwrap_or_else(|| "unmatched".into());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
     let response = match tokio::time::timeout(state.cfg.request_timeout, next.run(req)).await {
         Ok(r) => r,
         Err(_) => error::ApiError::new(
@@ -71,5 +75,7 @@ pub async fn serve(
     state: SharedState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

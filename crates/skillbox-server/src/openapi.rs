@@ -17,29 +17,134 @@ macro_rules! routes {
 }
 
 routes![
-    ("GET", "/healthz", "-", "Liveness: 200 when the server runs and its metadata store answers."),
+    (
+        "GET",
+        "/healthz",
+        "-",
+        "Liveness: 200 when the server runs and its metadata store answers."
+    ),
     ("GET", "/metrics", "-", "Prometheus metrics."),
     ("GET", "/openapi.json", "-", "This document."),
-    ("GET", "/v1/workspaces/{ws}/skills", "reader", "List skills (not deleted)."),
-    ("GET", "/v1/workspaces/{ws}/skills/{name}", "reader", "Skill detail with its current revision and frontmatter."),
-    ("DELETE", "/v1/workspaces/{ws}/skills/{name}", "admin", "Soft-delete a skill."),
-    ("POST", "/v1/workspaces/{ws}/skills/{name}/revisions", "author", "Publish a revision (body: zip, tar or tar.gz; query base_revision)."),
-    ("GET", "/v1/workspaces/{ws}/skills/{name}/revisions", "reader", "Revision history, newest first."),
-    ("GET", "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}", "reader", "One revision with its manifest; rev is a number or 'current'."),
-    ("GET", "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}", "reader", "File bytes; ETag is the file's sha256."),
-    ("GET", "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive", "reader", "Deterministic tar of the revision."),
-    ("PUT", "/v1/workspaces/{ws}/skills/{name}/current", "author", "Move the current pointer (rollback), compare-and-swap."),
-    ("POST", "/v1/workspaces/{ws}/drafts", "author", "Create a draft from a base revision (0 = empty)."),
-    ("GET", "/v1/workspaces/{ws}/drafts/{id}", "reader", "Draft detail and its file list."),
-    ("PUT", "/v1/workspaces/{ws}/drafts/{id}", "author", "Rebase: set the draft's base revision."),
-    ("DELETE", "/v1/workspaces/{ws}/drafts/{id}", "author", "Delete a draft."),
-    ("GET", "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", "reader", "Read a draft file."),
-    ("PUT", "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", "author", "Write a draft file (query executable=true for an executable)."),
-    ("DELETE", "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", "author", "Delete a draft file."),
-    ("POST", "/v1/workspaces/{ws}/drafts/{id}/publish", "author", "Publish the draft with its base revision."),
-    ("GET", "/v1/workspaces/{ws}/events", "reader", "Event log as Server-Sent Events from ?after=SEQ (follow=false ends after the backlog)."),
-    ("POST", "/v1/admin/tokens", "server-admin", "Mint a workspace token {workspace, role}; shown once."),
-    ("POST", "/v1/admin/fsck", "server-admin", "Re-verify stored content; report problems, change nothing."),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/skills",
+        "reader",
+        "List skills (not deleted)."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/skills/{name}",
+        "reader",
+        "Skill detail with its current revision and frontmatter."
+    ),
+    (
+        "DELETE",
+        "/v1/workspaces/{ws}/skills/{name}",
+        "admin",
+        "Soft-delete a skill."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/skills/{name}/revisions",
+        "author",
+        "Publish a revision (body: zip, tar or tar.gz; query base_revision)."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/skills/{name}/revisions",
+        "reader",
+        "Revision history, newest first."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}",
+        "reader",
+        "One revision with its manifest; rev is a number or 'current'."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}",
+        "reader",
+        "File bytes; ETag is the file's sha256."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive",
+        "reader",
+        "Deterministic tar of the revision."
+    ),
+    (
+        "PUT",
+        "/v1/workspaces/{ws}/skills/{name}/current",
+        "author",
+        "Move the current pointer (rollback), compare-and-swap."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/drafts",
+        "author",
+        "Create a draft from a base revision (0 = empty)."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/drafts/{id}",
+        "reader",
+        "Draft detail and its file list."
+    ),
+    (
+        "PUT",
+        "/v1/workspaces/{ws}/drafts/{id}",
+        "author",
+        "Rebase: set the draft's base revision."
+    ),
+    (
+        "DELETE",
+        "/v1/workspaces/{ws}/drafts/{id}",
+        "author",
+        "Delete a draft."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/drafts/{id}/files/{*path}",
+        "reader",
+        "Read a draft file."
+    ),
+    (
+        "PUT",
+        "/v1/workspaces/{ws}/drafts/{id}/files/{*path}",
+        "author",
+        "Write a draft file (query executable=true for an executable)."
+    ),
+    (
+        "DELETE",
+        "/v1/workspaces/{ws}/drafts/{id}/files/{*path}",
+        "author",
+        "Delete a draft file."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/drafts/{id}/publish",
+        "author",
+        "Publish the draft with its base revision."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/events",
+        "reader",
+        "Event log as Server-Sent Events from ?after=SEQ (follow=false ends after the backlog)."
+    ),
+    (
+        "POST",
+        "/v1/admin/tokens",
+        "server-admin",
+        "Mint a workspace token {workspace, role}; shown once."
+    ),
+    (
+        "POST",
+        "/v1/admin/fsck",
+        "server-admin",
+        "Re-verify stored content; report problems, change nothing."
+    ),
 ];
 
 /// The OpenAPI 3.1 document.

@@ -10,13 +10,24 @@ use std::process::ExitCode;
 #[derive(clap::Args, Clone)]
 pub struct Conn {
     /// Server URL.
-    #[arg(long, env = "SKILLBOX_URL", default_value = "http://127.0.0.1:7420", global = true)]
+    #[arg(
+        long,
+        env = "SKILLBOX_URL",
+        default_value = "http://127.0.0.1:7420",
+        global = true
+    )]
     pub url: String,
     /// Bearer token (a workspace token, or the admin token).
     #[arg(long, env = "SKILLBOX_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
     /// Workspace (tenant).
-    #[arg(long, short = 'w', env = "SKILLBOX_WORKSPACE", default_value = "default", global = true)]
+    #[arg(
+        long,
+        short = 'w',
+        env = "SKILLBOX_WORKSPACE",
+        default_value = "default",
+        global = true
+    )]
     pub workspace: String,
     /// Machine-readable output.
     #[arg(long, global = true)]
@@ -119,11 +130,27 @@ pub struct ServerError {
 impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let e = &self.body["error"];
-        write!(f, "{} ({}): {}", e["code"].as_str().unwrap_or("error"), self.status, e["message"].as_str().unwrap_or(""))?;
+        write!(
+            f,
+            "{} ({}): {}",
+            e["code"].as_str().unwrap_or("error"),
+            self.status,
+            e["message"].as_str().unwrap_or("")
+        )?;
         if let Some(problems) = e["problems"].as_array() {
             for p in problems {
-                let loc = [p["path"].as_str(), p["field"].as_str()].into_iter().flatten().collect::<Vec<_>>().join(": ");
-                write!(f, "\n  {}{}{}", loc, if loc.is_empty() { "" } else { ": " }, p["message"].as_str().unwrap_or(""))?;
+                let loc = [p["path"].as_str(), p["field"].as_str()]
+                    .into_iter()
+                    .flatten()
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                write!(
+                    f,
+                    "\n  {}{}{}",
+                    loc,
+                    if loc.is_empty() { "" } else { ": " },
+                    p["message"].as_str().unwrap_or("")
+                )?;
             }
         }
         Ok(())
@@ -139,11 +166,18 @@ struct Client {
 
 impl Client {
     fn new(conn: Conn) -> anyhow::Result<Self> {
-        Ok(Client { http: reqwest::Client::builder().build()?, conn })
+        Ok(Client {
+            http: reqwest::Client::builder().build()?,
+            conn,
+        })
     }
 
     fn ws_url(&self, rest: &str) -> String {
-        format!("{}/v1/workspaces/{}/{rest}", self.conn.url.trim_end_matches('/'), self.conn.workspace)
+        format!(
+            "{}/v1/workspaces/{}/{rest}",
+            self.conn.url.trim_end_matches('/'),
+            self.conn.workspace
+        )
     }
 
     fn url(&self, rest: &str) -> String {
@@ -159,27 +193,45 @@ impl Client {
     }
 
     async fn send(&self, rb: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
-        let resp = rb.send().await.with_context(|| format!("cannot reach the server at {} (is `skillbox serve` running?)", self.conn.url))?;
+        let resp = rb.send().await.with_context(|| {
+            format!(
+                "cannot reach the server at {} (is `skillbox serve` running?)",
+                self.conn.url
+            )
+        })?;
         if resp.status().is_success() {
             return Ok(resp);
         }
         let status = resp.status().as_u16();
-        let body = resp.json::<Value>().await.unwrap_or_else(|_| json!({"error": {"code": "http", "message": "no error body"}}));
+        let body = resp
+            .json::<Value>()
+            .await
+            .unwrap_or_else(|_| json!({"error": {"code": "http", "message": "no error body"}}));
         Err(ServerError { status, body }.into())
     }
 
     async fn get_json(&self, url: String) -> anyhow::Result<Value> {
-        Ok(self.send(self.req(reqwest::Method::GET, url)).await?.json().await?)
+        Ok(self
+            .send(self.req(reqwest::Method::GET, url))
+            .await?
+            .json()
+            .await?)
     }
 
     async fn revision(&self, name: &str, rev: &str) -> anyhow::Result<Value> {
-        self.get_json(self.ws_url(&format!("skills/{name}/revisions/{rev}"))).await
+        self.get_json(self.ws_url(&format!("skills/{name}/revisions/{rev}")))
+            .await
     }
 
     async fn current_revision(&self, name: &str) -> anyhow::Result<i64> {
         match self.get_json(self.ws_url(&format!("skills/{name}"))).await {
             Ok(v) => Ok(v["current_revision"].as_i64().unwrap_or(0)),
-            Err(e) if e.downcast_ref::<ServerError>().is_some_and(|s| s.status == 404) => Ok(0),
+            Err(e)
+                if e.downcast_ref::<ServerError>()
+                    .is_some_and(|s| s.status == 404) =>
+            {
+                Ok(0)
+            }
             Err(e) => Err(e),
         }
     }
@@ -198,7 +250,9 @@ fn print(json_mode: bool, v: &Value, human: impl FnOnce() -> String) {
 }
 
 pub fn run(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(run_async(conn, cmd))
 }
 
@@ -224,17 +278,24 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         }
         ClientCommand::Show { name } => {
             let v = c.get_json(c.ws_url(&format!("skills/{name}"))).await?;
-            print(j, &v, || serde_json::to_string_pretty(&v).unwrap_or_default());
+            print(j, &v, || {
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            });
         }
         ClientCommand::Revisions { name } => {
-            let v = c.get_json(c.ws_url(&format!("skills/{name}/revisions"))).await?;
+            let v = c
+                .get_json(c.ws_url(&format!("skills/{name}/revisions")))
+                .await?;
             print(j, &v, || {
                 let mut s = String::new();
                 for r in v["revisions"].as_array().into_iter().flatten() {
                     s.push_str(&format!(
                         "r{:<5} {:<10} parent r{:<4} {} {}\n",
-                        r["revision"], r["state"].as_str().unwrap_or(""), r["parent_revision"],
-                        r["digest"].as_str().unwrap_or(""), r["publisher"].as_str().unwrap_or("")
+                        r["revision"],
+                        r["state"].as_str().unwrap_or(""),
+                        r["parent_revision"],
+                        r["digest"].as_str().unwrap_or(""),
+                        r["publisher"].as_str().unwrap_or("")
                     ));
                 }
                 s.trim_end().to_string()
@@ -242,7 +303,14 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         }
         ClientCommand::Cat { spec, path } => {
             let (name, rev) = split_spec(&spec);
-            let bytes = c.send(c.req(reqwest::Method::GET, c.ws_url(&format!("skills/{name}/revisions/{rev}/files/{path}")))).await?.bytes().await?;
+            let bytes = c
+                .send(c.req(
+                    reqwest::Method::GET,
+                    c.ws_url(&format!("skills/{name}/revisions/{rev}/files/{path}")),
+                ))
+                .await?
+                .bytes()
+                .await?;
             std::io::stdout().write_all(&bytes)?;
         }
         ClientCommand::Pull { spec, dir } => pull(&c, &spec, &dir, j).await?,
@@ -250,34 +318,63 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         ClientCommand::Rollback { name, revision } => {
             let base = c.current_revision(&name).await?;
             let v = c
-                .send(c.req(reqwest::Method::PUT, c.ws_url(&format!("skills/{name}/current"))).json(&json!({"revision": revision, "base_revision": base})))
+                .send(
+                    c.req(
+                        reqwest::Method::PUT,
+                        c.ws_url(&format!("skills/{name}/current")),
+                    )
+                    .json(&json!({"revision": revision, "base_revision": base})),
+                )
                 .await?
                 .json::<Value>()
                 .await?;
-            print(j, &v, || format!("{name}: current revision r{base} → r{revision}"));
+            print(j, &v, || {
+                format!("{name}: current revision r{base} → r{revision}")
+            });
         }
         ClientCommand::Delete { name } => {
-            let v = c.send(c.req(reqwest::Method::DELETE, c.ws_url(&format!("skills/{name}")))).await?.json::<Value>().await?;
+            let v = c
+                .send(c.req(reqwest::Method::DELETE, c.ws_url(&format!("skills/{name}"))))
+                .await?
+                .json::<Value>()
+                .await?;
             print(j, &v, || format!("{name}: deleted"));
         }
         ClientCommand::Draft(d) => draft(&c, d, j).await?,
         ClientCommand::Events { after, follow } => events(&c, after, follow, j).await?,
         ClientCommand::Token(TokenCommand::Create { role }) => {
             let body = json!({"workspace": c.conn.workspace, "role": role});
-            let v = c.send(c.req(reqwest::Method::POST, c.url("/v1/admin/tokens")).json(&body)).await?.json::<Value>().await?;
+            let v = c
+                .send(
+                    c.req(reqwest::Method::POST, c.url("/v1/admin/tokens"))
+                        .json(&body),
+                )
+                .await?
+                .json::<Value>()
+                .await?;
             print(j, &v, || v["token"].as_str().unwrap_or("").to_string());
         }
         ClientCommand::Fsck => {
-            let v = c.send(c.req(reqwest::Method::POST, c.url("/v1/admin/fsck"))).await?.json::<Value>().await?;
+            let v = c
+                .send(c.req(reqwest::Method::POST, c.url("/v1/admin/fsck")))
+                .await?
+                .json::<Value>()
+                .await?;
             let ok = v["ok"].as_bool().unwrap_or(false);
             print(j, &v, || {
                 let mut s = format!(
                     "{}: {} blobs, {} revisions, {} trees checked",
                     if ok { "clean" } else { "PROBLEMS" },
-                    v["blobs_checked"], v["revisions_checked"], v["trees_checked"]
+                    v["blobs_checked"],
+                    v["revisions_checked"],
+                    v["trees_checked"]
                 );
                 for p in v["problems"].as_array().into_iter().flatten() {
-                    s.push_str(&format!("\n  {}: {}", p["object"].as_str().unwrap_or(""), p["message"].as_str().unwrap_or("")));
+                    s.push_str(&format!(
+                        "\n  {}: {}",
+                        p["object"].as_str().unwrap_or(""),
+                        p["message"].as_str().unwrap_or("")
+                    ));
                 }
                 s
             });
@@ -291,12 +388,24 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
 
 /// Reads and validates the package locally (fast feedback, and the name) and returns the
 /// bytes to upload with their content type.
-fn prepare_upload(path: &Path, skill: Option<&str>) -> anyhow::Result<(String, Vec<u8>, &'static str)> {
+fn prepare_upload(
+    path: &Path,
+    skill: Option<&str>,
+) -> anyhow::Result<(String, Vec<u8>, &'static str)> {
     let limits = Limits::default();
-    let opts = skillbox_package::CheckOptions { strict: false, expected_name: skill.map(str::to_string), limits };
+    let opts = skillbox_package::CheckOptions {
+        strict: false,
+        expected_name: skill.map(str::to_string),
+        limits,
+    };
     if path.is_dir() {
-        let pkg = skillbox_package::check(intake::scan_dir(path, &limits)?, &opts).map_err(|r| anyhow!("{r}"))?;
-        let tar = skillbox_package::write::write_tar(Vec::new(), &pkg.manifest, &skillbox_package::write::DirSource(path))?;
+        let pkg = skillbox_package::check(intake::scan_dir(path, &limits)?, &opts)
+            .map_err(|r| anyhow!("{r}"))?;
+        let tar = skillbox_package::write::write_tar(
+            Vec::new(),
+            &pkg.manifest,
+            &skillbox_package::write::DirSource(path),
+        )?;
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&tar)?;
         return Ok((pkg.skill.frontmatter.name, gz.finish()?, "application/gzip"));
@@ -305,7 +414,12 @@ fn prepare_upload(path: &Path, skill: Option<&str>) -> anyhow::Result<(String, V
     let format = skillbox_package::ArchiveFormat::sniff(&bytes[..bytes.len().min(512)])
         .ok_or_else(|| anyhow!("{}: not a directory, zip, tar or tar.gz", path.display()))?;
     let staging = StagingDir::new_in(&std::env::temp_dir(), "skillbox-publish-")?;
-    let intake = intake::extract_archive(std::io::Cursor::new(&bytes), format, staging.path(), &limits)?;
+    let intake = intake::extract_archive(
+        std::io::Cursor::new(&bytes),
+        format,
+        staging.path(),
+        &limits,
+    )?;
     let pkg = skillbox_package::check(intake, &opts).map_err(|r| anyhow!("{r}"))?;
     let ct = match format {
         skillbox_package::ArchiveFormat::Zip => "application/zip",
@@ -315,7 +429,12 @@ fn prepare_upload(path: &Path, skill: Option<&str>) -> anyhow::Result<(String, V
     Ok((pkg.skill.frontmatter.name, bytes, ct))
 }
 
-async fn publish(c: &Client, path: &Path, skill: Option<String>, base: Option<i64>) -> anyhow::Result<()> {
+async fn publish(
+    c: &Client,
+    path: &Path,
+    skill: Option<String>,
+    base: Option<i64>,
+) -> anyhow::Result<()> {
     let (name, bytes, ct) = prepare_upload(path, skill.as_deref())?;
     let name = skill.unwrap_or(name);
     let base = match base {
@@ -325,18 +444,26 @@ async fn publish(c: &Client, path: &Path, skill: Option<String>, base: Option<i6
     let total = bytes.len() as u64;
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     bar.set_message(format!("publishing {name}"));
-    let chunks: Vec<bytes::Bytes> = bytes::Bytes::from(bytes).chunks(64 * 1024).map(bytes::Bytes::copy_from_slice).collect();
+    let chunks: Vec<bytes::Bytes> = bytes::Bytes::from(bytes)
+        .chunks(64 * 1024)
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
     let pb = bar.clone();
     let stream = futures_util::stream::iter(chunks.into_iter().map(move |chunk| {
         pb.inc(chunk.len() as u64);
         Ok::<_, std::io::Error>(chunk)
     }));
     let rb = c
-        .req(reqwest::Method::POST, c.ws_url(&format!("skills/{name}/revisions?base_revision={base}")))
+        .req(
+            reqwest::Method::POST,
+            c.ws_url(&format!("skills/{name}/revisions?base_revision={base}")),
+        )
         .header(reqwest::header::CONTENT_TYPE, ct)
         .header(reqwest::header::CONTENT_LENGTH, total)
         .body(reqwest::Body::wrap_stream(stream));
@@ -346,11 +473,23 @@ async fn publish(c: &Client, path: &Path, skill: Option<String>, base: Option<i6
     print(c.conn.json, &v, || {
         let mut s = format!(
             "published {}@r{} {} ({} files, {} bytes){}",
-            v["name"].as_str().unwrap_or(""), v["revision"], v["digest"].as_str().unwrap_or(""),
-            v["file_count"], v["size"], if v["replayed"].as_bool() == Some(true) { " (already published)" } else { "" }
+            v["name"].as_str().unwrap_or(""),
+            v["revision"],
+            v["digest"].as_str().unwrap_or(""),
+            v["file_count"],
+            v["size"],
+            if v["replayed"].as_bool() == Some(true) {
+                " (already published)"
+            } else {
+                ""
+            }
         );
         for w in v["warnings"].as_array().into_iter().flatten() {
-            s.push_str(&format!("\n  warning: {}: {}", w["field"].as_str().or(w["path"].as_str()).unwrap_or(""), w["message"].as_str().unwrap_or("")));
+            s.push_str(&format!(
+                "\n  warning: {}: {}",
+                w["field"].as_str().or(w["path"].as_str()).unwrap_or(""),
+                w["message"].as_str().unwrap_or("")
+            ));
         }
         s
     });
@@ -360,26 +499,60 @@ async fn publish(c: &Client, path: &Path, skill: Option<String>, base: Option<i6
 async fn pull(c: &Client, spec: &str, dir: &Path, j: bool) -> anyhow::Result<()> {
     let (name, rev) = split_spec(spec);
     let meta = c.revision(name, rev).await?;
-    let digest = meta["digest"].as_str().ok_or_else(|| anyhow!("server sent no digest"))?.to_string();
-    let tar = c.send(c.req(reqwest::Method::GET, c.ws_url(&format!("skills/{name}/revisions/{}/archive", meta["revision"])))).await?.bytes().await?;
+    let digest = meta["digest"]
+        .as_str()
+        .ok_or_else(|| anyhow!("server sent no digest"))?
+        .to_string();
+    let tar = c
+        .send(c.req(
+            reqwest::Method::GET,
+            c.ws_url(&format!(
+                "skills/{name}/revisions/{}/archive",
+                meta["revision"]
+            )),
+        ))
+        .await?
+        .bytes()
+        .await?;
     if dir.exists() {
         bail!("{} exists; pull into a new directory", dir.display());
     }
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let staging = StagingDir::new_in(parent, ".skillbox-pull-")?;
-    let intake = intake::extract_tar(std::io::Cursor::new(&tar), false, staging.path(), &Limits::unbounded())?;
+    let intake = intake::extract_tar(
+        std::io::Cursor::new(&tar),
+        false,
+        staging.path(),
+        &Limits::unbounded(),
+    )?;
     if !intake.problems.is_empty() {
         bail!("the downloaded archive is damaged: {:?}", intake.problems);
     }
     let got = Manifest::new(intake.files)?.digest().to_string();
     if got != digest {
-        bail!("verification failed: downloaded content has digest {got}, revision says {digest}; nothing written");
+        bail!(
+            "verification failed: downloaded content has digest {got}, revision says {digest}; nothing written"
+        );
     }
-    let rel = intake.root.strip_prefix(staging.path()).ok().filter(|r| !r.as_os_str().is_empty()).map(Path::to_path_buf);
+    let rel = intake
+        .root
+        .strip_prefix(staging.path())
+        .ok()
+        .filter(|r| !r.as_os_str().is_empty())
+        .map(Path::to_path_buf);
     staging.commit(rel.as_deref(), dir)?;
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let v = json!({"skill": name, "revision": meta["revision"], "digest": digest, "dir": dir, "verified": true});
-    print(j, &v, || format!("pulled {name}@r{} into {} (verified {digest})", meta["revision"], dir.display()));
+    print(j, &v, || {
+        format!(
+            "pulled {name}@r{} into {} (verified {digest})",
+            meta["revision"],
+            dir.display()
+        )
+    });
     Ok(())
 }
 
@@ -388,19 +561,37 @@ async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Result<()> {
     let (nb, rb) = split_spec(b);
     let (ma, mb) = (c.revision(na, ra).await?, c.revision(nb, rb).await?);
     let index = |m: &Value| -> std::collections::BTreeMap<String, Value> {
-        m["manifest"].as_array().into_iter().flatten().map(|e| (e["path"].as_str().unwrap_or("").to_string(), e.clone())).collect()
+        m["manifest"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| (e["path"].as_str().unwrap_or("").to_string(), e.clone()))
+            .collect()
     };
     let (ia, ib) = (index(&ma), index(&mb));
     let added: Vec<&String> = ib.keys().filter(|p| !ia.contains_key(*p)).collect();
     let removed: Vec<&String> = ia.keys().filter(|p| !ib.contains_key(*p)).collect();
-    let modified: Vec<&String> = ia.keys().filter(|p| ib.get(*p).is_some_and(|e| e != &ia[*p])).collect();
+    let modified: Vec<&String> = ia
+        .keys()
+        .filter(|p| ib.get(*p).is_some_and(|e| e != &ia[*p]))
+        .collect();
     if j {
-        println!("{}", json!({"a": {"skill": na, "revision": ma["revision"], "digest": ma["digest"]},
+        println!(
+            "{}",
+            json!({"a": {"skill": na, "revision": ma["revision"], "digest": ma["digest"]},
                                "b": {"skill": nb, "revision": mb["revision"], "digest": mb["digest"]},
-                               "added": added, "removed": removed, "modified": modified}));
+                               "added": added, "removed": removed, "modified": modified})
+        );
         return Ok(());
     }
-    println!("{na}@r{} → {nb}@r{}: {} added, {} removed, {} modified", ma["revision"], mb["revision"], added.len(), removed.len(), modified.len());
+    println!(
+        "{na}@r{} → {nb}@r{}: {} added, {} removed, {} modified",
+        ma["revision"],
+        mb["revision"],
+        added.len(),
+        removed.len(),
+        modified.len()
+    );
     for p in &added {
         println!("  A {p}");
     }
@@ -411,13 +602,22 @@ async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Result<()> {
         println!("  M {p}");
     }
     for p in modified {
-        let get = |n: &str, r: &Value| c.send(c.req(reqwest::Method::GET, c.ws_url(&format!("skills/{n}/revisions/{r}/files/{p}"))));
+        let get = |n: &str, r: &Value| {
+            c.send(c.req(
+                reqwest::Method::GET,
+                c.ws_url(&format!("skills/{n}/revisions/{r}/files/{p}")),
+            ))
+        };
         let old = get(na, &ma["revision"]).await?.bytes().await?;
         let new = get(nb, &mb["revision"]).await?.bytes().await?;
         match (std::str::from_utf8(&old), std::str::from_utf8(&new)) {
             (Ok(o), Ok(n)) => {
                 let d = similar::TextDiff::from_lines(o, n);
-                print!("{}", d.unified_diff().header(&format!("a/{p}"), &format!("b/{p}")));
+                print!(
+                    "{}",
+                    d.unified_diff()
+                        .header(&format!("a/{p}"), &format!("b/{p}"))
+                );
             }
             _ => println!("Binary files a/{p} and b/{p} differ"),
         }
@@ -429,10 +629,21 @@ async fn draft(c: &Client, d: DraftCommand, j: bool) -> anyhow::Result<()> {
     use reqwest::Method as M;
     let v: Value = match d {
         DraftCommand::Create { skill, base } => {
-            c.send(c.req(M::POST, c.ws_url("drafts")).json(&json!({"skill": skill, "base_revision": base}))).await?.json().await?
+            c.send(
+                c.req(M::POST, c.ws_url("drafts"))
+                    .json(&json!({"skill": skill, "base_revision": base})),
+            )
+            .await?
+            .json()
+            .await?
         }
         DraftCommand::Show { id } => c.get_json(c.ws_url(&format!("drafts/{id}"))).await?,
-        DraftCommand::Put { id, path, file, executable } => {
+        DraftCommand::Put {
+            id,
+            path,
+            file,
+            executable,
+        } => {
             let bytes = if file.as_os_str() == "-" {
                 let mut b = Vec::new();
                 std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)?;
@@ -440,27 +651,55 @@ async fn draft(c: &Client, d: DraftCommand, j: bool) -> anyhow::Result<()> {
             } else {
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?
             };
-            c.send(c.req(M::PUT, c.ws_url(&format!("drafts/{id}/files/{path}?executable={executable}"))).body(bytes)).await?.json().await?
+            c.send(
+                c.req(
+                    M::PUT,
+                    c.ws_url(&format!("drafts/{id}/files/{path}?executable={executable}")),
+                )
+                .body(bytes),
+            )
+            .await?
+            .json()
+            .await?
         }
         DraftCommand::Get { id, path } => {
-            let bytes = c.send(c.req(M::GET, c.ws_url(&format!("drafts/{id}/files/{path}")))).await?.bytes().await?;
+            let bytes = c
+                .send(c.req(M::GET, c.ws_url(&format!("drafts/{id}/files/{path}"))))
+                .await?
+                .bytes()
+                .await?;
             std::io::stdout().write_all(&bytes)?;
             return Ok(());
         }
         DraftCommand::Rm { id, path } => {
-            c.send(c.req(M::DELETE, c.ws_url(&format!("drafts/{id}/files/{path}")))).await?;
+            c.send(c.req(M::DELETE, c.ws_url(&format!("drafts/{id}/files/{path}"))))
+                .await?;
             json!({"draft_id": id, "removed": path})
         }
         DraftCommand::Rebase { id, base } => {
-            c.send(c.req(M::PUT, c.ws_url(&format!("drafts/{id}"))).json(&json!({"base_revision": base}))).await?.json().await?
+            c.send(
+                c.req(M::PUT, c.ws_url(&format!("drafts/{id}")))
+                    .json(&json!({"base_revision": base})),
+            )
+            .await?
+            .json()
+            .await?
         }
-        DraftCommand::Publish { id } => c.send(c.req(M::POST, c.ws_url(&format!("drafts/{id}/publish")))).await?.json().await?,
+        DraftCommand::Publish { id } => {
+            c.send(c.req(M::POST, c.ws_url(&format!("drafts/{id}/publish"))))
+                .await?
+                .json()
+                .await?
+        }
         DraftCommand::Delete { id } => {
-            c.send(c.req(M::DELETE, c.ws_url(&format!("drafts/{id}")))).await?;
+            c.send(c.req(M::DELETE, c.ws_url(&format!("drafts/{id}"))))
+                .await?;
             json!({"draft_id": id, "deleted": true})
         }
     };
-    print(j, &v, || serde_json::to_string_pretty(&v).unwrap_or_default());
+    print(j, &v, || {
+        serde_json::to_string_pretty(&v).unwrap_or_default()
+    });
     Ok(())
 }
 
@@ -474,9 +713,22 @@ async fn events(c: &Client, after: i64, follow: bool, j: bool) -> anyhow::Result
         buf.push_str(&String::from_utf8_lossy(&chunk?));
         while let Some(end) = buf.find("\n\n") {
             let frame: String = buf.drain(..end + 2).collect();
-            let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim) else { continue };
+            let Some(data) = frame
+                .lines()
+                .find_map(|l| l.strip_prefix("data:"))
+                .map(str::trim)
+            else {
+                continue;
+            };
             let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-            print(j, &v, || format!("#{} {} {}", v["seq"], v["kind"].as_str().unwrap_or(""), v["data"]));
+            print(j, &v, || {
+                format!(
+                    "#{} {} {}",
+                    v["seq"],
+                    v["kind"].as_str().unwrap_or(""),
+                    v["data"]
+                )
+            });
         }
     }
     Ok(())

@@ -35,12 +35,20 @@ pub struct DigestArgs {
 }
 
 /// Reads `path` (directory in place, archive extracted to a temporary directory).
-fn read_package(path: &Path, limits: &Limits) -> anyhow::Result<(intake::Intake, Option<StagingDir>)> {
+fn read_package(
+    path: &Path,
+    limits: &Limits,
+) -> anyhow::Result<(intake::Intake, Option<StagingDir>)> {
     if path.is_dir() {
-        let i = intake::scan_dir(path, limits).with_context(|| format!("reading {}", path.display()))?;
+        let i = intake::scan_dir(path, limits)
+            .with_context(|| format!("reading {}", path.display()))?;
         return Ok((i, None));
     }
-    anyhow::ensure!(path.exists(), "{}: no such file or directory", path.display());
+    anyhow::ensure!(
+        path.exists(),
+        "{}: no such file or directory",
+        path.display()
+    );
     let staging = StagingDir::new_in(&std::env::temp_dir(), "skillbox-extract-")?;
     let i = intake::extract_archive_file(path, staging.path(), limits)
         .with_context(|| format!("extracting {}", path.display()))?;
@@ -48,7 +56,11 @@ fn read_package(path: &Path, limits: &Limits) -> anyhow::Result<(intake::Intake,
 }
 
 pub fn validate(a: ValidateArgs) -> anyhow::Result<ExitCode> {
-    let opts = CheckOptions { strict: a.strict, expected_name: a.skill.clone(), limits: Limits::default() };
+    let opts = CheckOptions {
+        strict: a.strict,
+        expected_name: a.skill.clone(),
+        limits: Limits::default(),
+    };
     let (intake, _staging) = read_package(&a.path, &opts.limits)?;
     let result = skillbox_package::check(intake, &opts);
     let out = &mut std::io::stdout().lock();
@@ -84,7 +96,12 @@ pub fn validate(a: ValidateArgs) -> anyhow::Result<ExitCode> {
                 let v = json!({"valid": false, "problems": r.problems, "warnings": r.warnings});
                 writeln!(out, "{v}")?;
             } else {
-                writeln!(out, "invalid: {} problem{}", r.problems.len(), if r.problems.len() == 1 { "" } else { "s" })?;
+                writeln!(
+                    out,
+                    "invalid: {} problem{}",
+                    r.problems.len(),
+                    if r.problems.len() == 1 { "" } else { "s" }
+                )?;
                 print_list(out, "error", &r.problems)?;
                 print_list(out, "warning", &r.warnings)?;
             }
@@ -104,7 +121,10 @@ pub fn digest(a: DigestArgs) -> anyhow::Result<ExitCode> {
     // The digest is defined for any tree; size limits belong to publication, not to it.
     let (intake, _staging) = read_package(&a.path, &Limits::unbounded())?;
     if !intake.problems.is_empty() {
-        eprintln!("cannot digest {}: the tree breaks the path rules or limits", a.path.display());
+        eprintln!(
+            "cannot digest {}: the tree breaks the path rules or limits",
+            a.path.display()
+        );
         print_list(&mut std::io::stderr(), "error", &intake.problems)?;
         return Ok(ExitCode::from(1));
     }

@@ -46,7 +46,9 @@ pub struct ServeArgs {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -56,10 +58,10 @@ fn init_logging(format: &str) {
 
 /// The admin token: `SKILLBOX_ADMIN_TOKEN`, else `<data-dir>/admin-token` (generated, 0600).
 fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
-    if let Ok(t) = std::env::var("SKILLBOX_ADMIN_TOKEN") {
-        if !t.trim().is_empty() {
-            return Ok(t.trim().to_string());
-        }
+    if let Ok(t) = std::env::var("SKILLBOX_ADMIN_TOKEN")
+        && !t.trim().is_empty()
+    {
+        return Ok(t.trim().to_string());
     }
     let path = data_dir.join("admin-token");
     match std::fs::read_to_string(&path) {
@@ -72,7 +74,11 @@ fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
     let tmp = data_dir.join(format!(".admin-token.{}", std::process::id()));
     {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(token.as_bytes())?;
         f.sync_all()?;
     }
@@ -102,7 +108,9 @@ activation and reads work, exec answers box_unavailable"
         ),
         Some(other) => bail!("unknown sandbox backend {other:?}: use bwrap, docker or none"),
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
         let admin_token = admin_token(&a.data_dir)?;

@@ -27,7 +27,16 @@ async fn routes_auth_and_errors() {
     // publish
     let (st, v) = publish(&c, &s, &author, "acme", "demo", 0, package("demo", "1")).await;
     assert_eq!(st, 201, "{v}");
-    for k in ["skill_id", "name", "revision", "digest", "file_count", "size", "published_at", "warnings"] {
+    for k in [
+        "skill_id",
+        "name",
+        "revision",
+        "digest",
+        "file_count",
+        "size",
+        "published_at",
+        "warnings",
+    ] {
         assert!(v.get(k).is_some(), "missing {k} in {v}");
     }
     assert_eq!(v["revision"], 1);
@@ -48,7 +57,10 @@ async fn routes_auth_and_errors() {
     let (st, v) = get(&c, &s.ws("acme", "skills"), &reader).await;
     assert_eq!(st, 200);
     let sk = &v["skills"][0];
-    assert_eq!((sk["name"].as_str(), sk["current_revision"].as_i64()), (Some("demo"), Some(1)));
+    assert_eq!(
+        (sk["name"].as_str(), sk["current_revision"].as_i64()),
+        (Some("demo"), Some(1))
+    );
     assert_eq!(sk["current_digest"].as_str(), Some(digest1.as_str()));
     assert_eq!(sk["description"], "variant 1");
     let (st, v) = get(&c, &s.ws("acme", "skills/demo"), &reader).await;
@@ -64,7 +76,12 @@ async fn routes_auth_and_errors() {
     assert_eq!(m[1]["executable"], true);
     let run_sha = m[1]["sha256"].as_str().unwrap().to_string();
 
-    let r = c.get(s.ws("acme", "skills/demo/revisions/1/files/scripts/run.sh")).bearer_auth(&reader).send().await.unwrap();
+    let r = c
+        .get(s.ws("acme", "skills/demo/revisions/1/files/scripts/run.sh"))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let etag = r.headers()["etag"].to_str().unwrap().to_string();
     assert_eq!(etag, format!("\"sha256:{run_sha}\""));
@@ -79,14 +96,35 @@ async fn routes_auth_and_errors() {
     assert_eq!(r.status(), 304);
 
     // archive: deterministic, verifies against the digest
-    let a1 = c.get(s.ws("acme", "skills/demo/revisions/1/archive")).bearer_auth(&reader).send().await.unwrap();
+    let a1 = c
+        .get(s.ws("acme", "skills/demo/revisions/1/archive"))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(a1.headers()["x-skillbox-digest"].to_str().unwrap(), digest1);
     let a1 = a1.bytes().await.unwrap();
-    let a2 = c.get(s.ws("acme", "skills/demo/revisions/1/archive")).bearer_auth(&reader).send().await.unwrap().bytes().await.unwrap();
+    let a2 = c
+        .get(s.ws("acme", "skills/demo/revisions/1/archive"))
+        .bearer_auth(&reader)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     assert_eq!(a1, a2);
     let t = tempfile::tempdir().unwrap();
-    let intake = skillbox_package::intake::extract_tar(&a1[..], false, t.path(), &Default::default()).unwrap();
-    assert_eq!(skillbox_package::Manifest::new(intake.files).unwrap().digest().to_string(), digest1);
+    let intake =
+        skillbox_package::intake::extract_tar(&a1[..], false, t.path(), &Default::default())
+            .unwrap();
+    assert_eq!(
+        skillbox_package::Manifest::new(intake.files)
+            .unwrap()
+            .digest()
+            .to_string(),
+        digest1
+    );
 
     // unknown skill / revision / file, bad revision
     for (url, status, code) in [
@@ -95,7 +133,11 @@ async fn routes_auth_and_errors() {
         ("skills/demo/revisions/9", 404, "not_found"),
         ("skills/demo/revisions/abc", 400, "bad_request"),
         ("skills/demo/revisions/0", 400, "bad_request"),
-        ("skills/demo/revisions/1/files/missing.txt", 404, "not_found"),
+        (
+            "skills/demo/revisions/1/files/missing.txt",
+            404,
+            "not_found",
+        ),
         ("skills/demo/revisions/9/archive", 404, "not_found"),
     ] {
         let (st, v) = get(&c, &s.ws("acme", url), &reader).await;
@@ -103,18 +145,39 @@ async fn routes_auth_and_errors() {
     }
 
     // invalid_package: all problems at once
-    let bad = tar_of(&[("SKILL.md", b"---\nname: Bad_Name\n---\n"), ("../evil", b"x")]);
+    let bad = tar_of(&[
+        ("SKILL.md", b"---\nname: Bad_Name\n---\n"),
+        ("../evil", b"x"),
+    ]);
     let (st, v) = publish(&c, &s, &author, "acme", "demo", 1, bad).await;
     assert_eq!((st, error_code(&v)), (422, "invalid_package"), "{v}");
     let problems = v["error"]["problems"].as_array().unwrap();
-    let text = problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n");
+    let text = problems
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
     for want in ["'..'", "\"field\":\"name\"", "\"field\":\"description\""] {
         assert!(text.contains(want), "missing {want} in {text}");
     }
     // frontmatter name must equal the skill name published under
-    let (st, v) = publish(&c, &s, &author, "acme", "other-name", 0, package("demo", "1")).await;
+    let (st, v) = publish(
+        &c,
+        &s,
+        &author,
+        "acme",
+        "other-name",
+        0,
+        package("demo", "1"),
+    )
+    .await;
     assert_eq!((st, error_code(&v)), (422, "invalid_package"));
-    assert!(v["error"]["problems"][0]["message"].as_str().unwrap().contains("published as"));
+    assert!(
+        v["error"]["problems"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("published as")
+    );
     // bad names, bad content type, not an archive
     let (st, v) = publish(&c, &s, &author, "acme", "Bad_Name", 0, package("demo", "1")).await;
     assert_eq!((st, error_code(&v)), (400, "bad_request"));
@@ -127,14 +190,32 @@ async fn routes_auth_and_errors() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    let (st, v) = publish(&c, &s, &author, "acme", "demo", 1, b"not an archive at all".to_vec()).await;
+    let (st, v) = publish(
+        &c,
+        &s,
+        &author,
+        "acme",
+        "demo",
+        1,
+        b"not an archive at all".to_vec(),
+    )
+    .await;
     assert_eq!((st, error_code(&v)), (422, "invalid_package"));
 
     // conflicts
     let (st, v) = publish(&c, &s, &author, "acme", "demo", 0, package("demo", "2")).await;
     assert_eq!((st, error_code(&v)), (409, "revision_conflict"));
     assert_eq!(v["error"]["current_revision"], 1);
-    let (st, v) = publish(&c, &s, &author, "acme", "newskill", 3, package("newskill", "2")).await;
+    let (st, v) = publish(
+        &c,
+        &s,
+        &author,
+        "acme",
+        "newskill",
+        3,
+        package("newskill", "2"),
+    )
+    .await;
     assert_eq!((st, error_code(&v)), (409, "revision_conflict"));
     assert_eq!(v["error"]["current_revision"], 0);
 
@@ -142,12 +223,18 @@ async fn routes_auth_and_errors() {
     let (st, _) = publish(&c, &s, &author, "acme", "demo", 1, package("demo", "2")).await;
     assert_eq!(st, 201);
     let put = |rev: i64, base: i64| {
-        c.put(s.ws("acme", "skills/demo/current")).bearer_auth(&author).json(&json!({"revision": rev, "base_revision": base})).send()
+        c.put(s.ws("acme", "skills/demo/current"))
+            .bearer_auth(&author)
+            .json(&json!({"revision": rev, "base_revision": base}))
+            .send()
     };
     let r = put(1, 1).await.unwrap();
     assert_eq!(r.status(), 409);
     let v: Value = r.json().await.unwrap();
-    assert_eq!((error_code(&v), v["error"]["current_revision"].as_i64()), ("revision_conflict", Some(2)));
+    assert_eq!(
+        (error_code(&v), v["error"]["current_revision"].as_i64()),
+        ("revision_conflict", Some(2))
+    );
     assert_eq!(put(1, 2).await.unwrap().status(), 200);
     assert_eq!(put(7, 1).await.unwrap().status(), 404);
     let (_, v) = get(&c, &s.ws("acme", "skills/demo"), &reader).await;
@@ -157,10 +244,23 @@ async fn routes_auth_and_errors() {
     assert_eq!((st, v["revision"].as_i64()), (201, Some(3)));
 
     // deletion: admin only; name reusable as a new skill
-    let r = c.delete(s.ws("acme", "skills/demo")).bearer_auth(&author).send().await.unwrap();
+    let r = c
+        .delete(s.ws("acme", "skills/demo"))
+        .bearer_auth(&author)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let old_id = get(&c, &s.ws("acme", "skills/demo"), &reader).await.1["id"].as_str().unwrap().to_string();
-    let r = c.delete(s.ws("acme", "skills/demo")).bearer_auth(&admin).send().await.unwrap();
+    let old_id = get(&c, &s.ws("acme", "skills/demo"), &reader).await.1["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = c
+        .delete(s.ws("acme", "skills/demo"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let (_, v) = get(&c, &s.ws("acme", "skills"), &reader).await;
     assert_eq!(v["skills"].as_array().unwrap().len(), 0);
@@ -171,21 +271,63 @@ async fn routes_auth_and_errors() {
     assert_ne!(v["skill_id"].as_str().unwrap(), old_id);
 
     // admin endpoints need the server's admin token
-    let r = c.post(format!("{}/v1/admin/fsck", s.url)).bearer_auth(&admin).send().await.unwrap();
+    let r = c
+        .post(format!("{}/v1/admin/fsck", s.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = c.post(format!("{}/v1/admin/tokens", s.url)).bearer_auth(&admin).json(&json!({"workspace": "acme", "role": "admin"})).send().await.unwrap();
+    let r = c
+        .post(format!("{}/v1/admin/tokens", s.url))
+        .bearer_auth(&admin)
+        .json(&json!({"workspace": "acme", "role": "admin"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = c.post(format!("{}/v1/admin/tokens", s.url)).bearer_auth(ADMIN).json(&json!({"workspace": "acme", "role": "king"})).send().await.unwrap();
+    let r = c
+        .post(format!("{}/v1/admin/tokens", s.url))
+        .bearer_auth(ADMIN)
+        .json(&json!({"workspace": "acme", "role": "king"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    let r = c.post(format!("{}/v1/admin/fsck", s.url)).bearer_auth(ADMIN).send().await.unwrap();
+    let r = c
+        .post(format!("{}/v1/admin/fsck", s.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["ok"], true, "{v}");
     assert!(v["revisions_checked"].as_i64().unwrap() >= 4);
 
     // operational endpoints
-    assert_eq!(c.get(format!("{}/healthz", s.url)).send().await.unwrap().status(), 200);
-    let metrics = c.get(format!("{}/metrics", s.url)).send().await.unwrap().text().await.unwrap();
-    for m in ["skillbox_http_requests_total{", "skillbox_publishes_total 4", "skillbox_publish_conflicts_total 3", "skillbox_store_blobs", "skillbox_http_request_duration_seconds_bucket"] {
+    assert_eq!(
+        c.get(format!("{}/healthz", s.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let metrics = c
+        .get(format!("{}/metrics", s.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for m in [
+        "skillbox_http_requests_total{",
+        "skillbox_publishes_total 4",
+        "skillbox_publish_conflicts_total 3",
+        "skillbox_store_blobs",
+        "skillbox_http_request_duration_seconds_bucket",
+    ] {
         assert!(metrics.contains(m), "metrics lack {m}:\n{metrics}");
     }
 }
@@ -193,7 +335,10 @@ async fn routes_auth_and_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_large_uploads() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &["--max-total-size", "4096", "--max-file-size", "2048"]);
+    let s = Server::start(
+        dir.path(),
+        &["--max-total-size", "4096", "--max-file-size", "2048"],
+    );
     let c = http();
     // Declared too large: refused from Content-Length before the body is read.
     let head = format!(
@@ -214,7 +359,10 @@ async fn too_large_uploads() {
     let resp = raw_exchange(s.port, head.into_bytes(), body);
     assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
     // Fits the upload cap but the content exceeds the package limits: invalid_package.
-    let over = tar_of(&[("SKILL.md", skill_md("demo", "d").as_bytes()), ("a.bin", &[1u8; 3000])]);
+    let over = tar_of(&[
+        ("SKILL.md", skill_md("demo", "d").as_bytes()),
+        ("a.bin", &[1u8; 3000]),
+    ]);
     let (st, v) = publish(&c, &s, ADMIN, "acme", "demo", 0, over).await;
     assert_eq!((st, error_code(&v)), (422, "invalid_package"), "{v}");
     // Nothing was stored and the server still answers.
@@ -229,15 +377,28 @@ async fn openapi_lists_every_route() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
     let c = http();
-    let doc: Value = c.get(format!("{}/openapi.json", s.url)).send().await.unwrap().json().await.unwrap();
+    let doc: Value = c
+        .get(format!("{}/openapi.json", s.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let spec_routes = [
         ("get", "/v1/workspaces/{ws}/skills"),
         ("post", "/v1/workspaces/{ws}/skills/{name}/revisions"),
         ("get", "/v1/workspaces/{ws}/skills/{name}"),
         ("get", "/v1/workspaces/{ws}/skills/{name}/revisions"),
         ("get", "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}"),
-        ("get", "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{path}"),
-        ("get", "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive"),
+        (
+            "get",
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{path}",
+        ),
+        (
+            "get",
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive",
+        ),
         ("put", "/v1/workspaces/{ws}/skills/{name}/current"),
         ("delete", "/v1/workspaces/{ws}/skills/{name}"),
         ("post", "/v1/workspaces/{ws}/drafts"),
@@ -254,23 +415,44 @@ async fn openapi_lists_every_route() {
     ];
     let paths = doc["paths"].as_object().unwrap();
     for (m, p) in spec_routes {
-        assert!(paths.get(p).and_then(|o| o.get(m)).is_some(), "OpenAPI lacks {m} {p}");
+        assert!(
+            paths.get(p).and_then(|o| o.get(m)).is_some(),
+            "OpenAPI lacks {m} {p}"
+        );
     }
     for (p, ops) in paths {
         let url = format!(
             "{}{}",
             s.url,
-            p.replace("{ws}", "acme").replace("{name}", "demo").replace("{rev}", "1").replace("{path}", "SKILL.md").replace("{id}", "d1")
+            p.replace("{ws}", "acme")
+                .replace("{name}", "demo")
+                .replace("{rev}", "1")
+                .replace("{path}", "SKILL.md")
+                .replace("{id}", "d1")
         );
         // The event stream follows forever unless told otherwise.
-        let url = if p.ends_with("/events") { format!("{url}?follow=false") } else { url };
+        let url = if p.ends_with("/events") {
+            format!("{url}?follow=false")
+        } else {
+            url
+        };
         for m in ops.as_object().unwrap().keys() {
             let method = reqwest::Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
-            let r = c.request(method, &url).bearer_auth(ADMIN).header("content-type", "application/json").body("{}").send().await.unwrap();
+            let r = c
+                .request(method, &url)
+                .bearer_auth(ADMIN)
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
             let status = r.status().as_u16();
             let body = r.text().await.unwrap_or_default();
             assert_ne!(status, 405, "{m} {p} is documented but not routed");
-            assert!(!body.contains("no such route"), "{m} {p} is documented but not routed");
+            assert!(
+                !body.contains("no such route"),
+                "{m} {p} is documented but not routed"
+            );
         }
     }
 }
@@ -285,7 +467,9 @@ fn raw_exchange(port: u16, head: Vec<u8>, body: Vec<u8>) -> String {
     let t = std::thread::spawn(move || {
         let _ = writer.write_all(&body);
     });
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while let Ok(n) = stream.read(&mut chunk) {
@@ -293,7 +477,9 @@ fn raw_exchange(port: u16, head: Vec<u8>, body: Vec<u8>) -> String {
             break;
         }
         buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") && String::from_utf8_lossy(&buf).contains("\"error\"") {
+        if buf.windows(4).any(|w| w == b"\r\n\r\n")
+            && String::from_utf8_lossy(&buf).contains("\"error\"")
+        {
             break;
         }
     }

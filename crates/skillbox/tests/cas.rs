@@ -18,10 +18,20 @@ async fn sixteen_publishers_two_processes_one_winner() {
         for writer in 0..16 {
             let c = c.clone();
             let server = if writer % 2 == 0 { &a } else { &b };
-            let url = server.ws("acme", &format!("skills/race/revisions?base_revision={base}"));
+            let url = server.ws(
+                "acme",
+                &format!("skills/race/revisions?base_revision={base}"),
+            );
             let body = package("race", &format!("round {round} writer {writer}"));
             tasks.push(tokio::spawn(async move {
-                let r = c.post(url).bearer_auth(ADMIN).header("content-type", "application/x-tar").body(body).send().await.unwrap();
+                let r = c
+                    .post(url)
+                    .bearer_auth(ADMIN)
+                    .header("content-type", "application/x-tar")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
                 let st = r.status().as_u16();
                 (writer, st, r.json::<serde_json::Value>().await.unwrap())
             }));
@@ -34,14 +44,26 @@ async fn sixteen_publishers_two_processes_one_winner() {
                 409 => {
                     assert_eq!(error_code(&v), "revision_conflict");
                     let cur = v["error"]["current_revision"].as_i64().unwrap();
-                    assert!(cur > base, "round {round}: conflict names {cur}, base was {base}");
+                    assert!(
+                        cur > base,
+                        "round {round}: conflict names {cur}, base was {base}"
+                    );
                 }
                 other => panic!("round {round} writer {writer}: unexpected {other}: {v}"),
             }
         }
-        assert_eq!(won.len(), 1, "round {round}: {} winners: {won:?}", won.len());
+        assert_eq!(
+            won.len(),
+            1,
+            "round {round}: {} winners: {won:?}",
+            won.len()
+        );
         let (writer, v) = won.pop().unwrap();
-        assert_eq!(v["revision"].as_i64(), Some(base + 1), "revision numbers are consecutive");
+        assert_eq!(
+            v["revision"].as_i64(),
+            Some(base + 1),
+            "revision numbers are consecutive"
+        );
         winners.push((writer, v["digest"].as_str().unwrap().to_string()));
         base += 1;
     }
@@ -70,19 +92,41 @@ fn cli_publishers_in_separate_processes() {
             .map(|w| {
                 let p = pkgs.path().join(format!("r{round}w{w}"));
                 std::fs::create_dir_all(&p).unwrap();
-                std::fs::write(p.join("SKILL.md"), skill_md("clirace", &format!("round {round} writer {w}"))).unwrap();
+                std::fs::write(
+                    p.join("SKILL.md"),
+                    skill_md("clirace", &format!("round {round} writer {w}")),
+                )
+                .unwrap();
                 std::process::Command::new(bin())
-                    .args(["publish", "--json", "--base", &base.to_string(), "--url", &s.url, "--token", ADMIN, "-w", "acme"])
+                    .args([
+                        "publish",
+                        "--json",
+                        "--base",
+                        &base.to_string(),
+                        "--url",
+                        &s.url,
+                        "--token",
+                        ADMIN,
+                        "-w",
+                        "acme",
+                    ])
                     .arg(&p)
                     .output_async()
             })
             .collect();
-        let outcomes: Vec<_> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+        let outcomes: Vec<_> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
         let ok: Vec<_> = outcomes.iter().filter(|o| o.status.success()).collect();
         assert_eq!(ok.len(), 1, "round {round}: {} winners", ok.len());
         for o in outcomes.iter().filter(|o| !o.status.success()) {
             assert_eq!(o.status.code(), Some(1));
-            assert!(String::from_utf8_lossy(&o.stderr).contains("revision_conflict"), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                String::from_utf8_lossy(&o.stderr).contains("revision_conflict"),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
     }
 }
@@ -93,6 +137,9 @@ trait SpawnOutput {
 
 impl SpawnOutput for std::process::Command {
     fn output_async(&mut self) -> std::process::Child {
-        self.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap()
+        self.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 }

@@ -3,7 +3,10 @@
 use std::process::Command;
 
 fn skillbox(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_skillbox")).args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_skillbox"))
+        .args(args)
+        .output()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -37,7 +40,12 @@ fn validate_valid_and_invalid() {
     assert_eq!(code, 1);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["valid"], false);
-    let mut fields: Vec<_> = v["problems"].as_array().unwrap().iter().map(|p| p["field"].as_str().unwrap()).collect();
+    let mut fields: Vec<_> = v["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["field"].as_str().unwrap())
+        .collect();
     fields.sort();
     assert_eq!(fields, ["description", "name"]);
 
@@ -52,9 +60,21 @@ fn digest_of_dir_and_archive_agree() {
     package(&dir, "---\nname: demo\ndescription: d\n---\n");
     let (code, from_dir, _) = skillbox(&["digest", dir.to_str().unwrap()]);
     assert_eq!(code, 0);
-    assert!(from_dir.trim().starts_with("sha256:") && from_dir.trim().len() == 71, "{from_dir}");
+    assert!(
+        from_dir.trim().starts_with("sha256:") && from_dir.trim().len() == 71,
+        "{from_dir}"
+    );
     let tgz = t.path().join("demo.tgz");
-    let st = Command::new("tar").args(["czf", tgz.to_str().unwrap(), "-C", t.path().to_str().unwrap(), "demo"]).status().unwrap();
+    let st = Command::new("tar")
+        .args([
+            "czf",
+            tgz.to_str().unwrap(),
+            "-C",
+            t.path().to_str().unwrap(),
+            "demo",
+        ])
+        .status()
+        .unwrap();
     assert!(st.success());
     let (_, from_tgz, _) = skillbox(&["digest", tgz.to_str().unwrap()]);
     assert_eq!(from_dir, from_tgz);
@@ -63,12 +83,18 @@ fn digest_of_dir_and_archive_agree() {
     assert!(manifest.starts_with("skillbox-tree-v1\nf "), "{manifest}");
     let lines: Vec<_> = manifest.lines().collect();
     assert_eq!(lines.len(), 3);
-    assert!(lines[2].starts_with("f 7 ") && lines[2].ends_with(" scripts/a.sh"), "{manifest}");
+    assert!(
+        lines[2].starts_with("f 7 ") && lines[2].ends_with(" scripts/a.sh"),
+        "{manifest}"
+    );
     // the printed digest is the SHA-256 of the printed manifest
     let (_, json, _) = skillbox(&["digest", "--json", dir.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["digest"].as_str().unwrap(), from_dir.trim());
     assert_eq!(v["file_count"], 2);
-    let expected = format!("sha256:{}", skillbox_package::Sha256::of(manifest.as_bytes()));
+    let expected = format!(
+        "sha256:{}",
+        skillbox_package::Sha256::of(manifest.as_bytes())
+    );
     assert_eq!(from_dir.trim(), expected);
 }

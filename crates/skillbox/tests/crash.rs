@@ -22,14 +22,26 @@ impl Rng {
 
 fn bulky_package(n: u64) -> Vec<u8> {
     let md = skill_md("crashy", &format!("publish {n}"));
-    let files: Vec<(String, Vec<u8>)> = (0..24).map(|i| (format!("data/f{i}.txt"), format!("{n}:{i}:").repeat(400).into_bytes())).collect();
+    let files: Vec<(String, Vec<u8>)> = (0..24)
+        .map(|i| {
+            (
+                format!("data/f{i}.txt"),
+                format!("{n}:{i}:").repeat(400).into_bytes(),
+            )
+        })
+        .collect();
     let mut all: Vec<(&str, &[u8])> = vec![("SKILL.md", md.as_bytes())];
     all.extend(files.iter().map(|(p, c)| (p.as_str(), c.as_slice())));
     tar_of(&all)
 }
 
 /// Checks the registry against what was acknowledged; returns the current revision.
-async fn verify(c: &reqwest::Client, s: &Server, acked: &[(i64, String)], checked: &mut usize) -> i64 {
+async fn verify(
+    c: &reqwest::Client,
+    s: &Server,
+    acked: &[(i64, String)],
+    checked: &mut usize,
+) -> i64 {
     let (st, v) = get(c, &s.ws("acme", "skills/crashy/revisions"), ADMIN).await;
     if st == 404 {
         assert!(acked.is_empty(), "acknowledged publishes lost: {acked:?}");
@@ -37,27 +49,59 @@ async fn verify(c: &reqwest::Client, s: &Server, acked: &[(i64, String)], checke
     }
     let revs = v["revisions"].as_array().unwrap().clone();
     for (rev, digest) in acked {
-        let found = revs.iter().find(|r| r["revision"].as_i64() == Some(*rev)).unwrap_or_else(|| panic!("acknowledged r{rev} lost"));
-        assert_eq!(found["digest"].as_str(), Some(digest.as_str()), "r{rev} changed digest");
+        let found = revs
+            .iter()
+            .find(|r| r["revision"].as_i64() == Some(*rev))
+            .unwrap_or_else(|| panic!("acknowledged r{rev} lost"));
+        assert_eq!(
+            found["digest"].as_str(),
+            Some(digest.as_str()),
+            "r{rev} changed digest"
+        );
     }
     // Every visible revision is complete: its manifest loads and its archive matches its digest.
-    let mut numbers: Vec<i64> = revs.iter().map(|r| r["revision"].as_i64().unwrap()).collect();
+    let mut numbers: Vec<i64> = revs
+        .iter()
+        .map(|r| r["revision"].as_i64().unwrap())
+        .collect();
     numbers.sort();
     for n in numbers.iter().skip(*checked) {
-        let (st, detail) = get(c, &s.ws("acme", &format!("skills/crashy/revisions/{n}")), ADMIN).await;
+        let (st, detail) = get(
+            c,
+            &s.ws("acme", &format!("skills/crashy/revisions/{n}")),
+            ADMIN,
+        )
+        .await;
         assert_eq!(st, 200, "r{n}: {detail}");
-        let tar = c.get(s.ws("acme", &format!("skills/crashy/revisions/{n}/archive"))).bearer_auth(ADMIN).send().await.unwrap();
+        let tar = c
+            .get(s.ws("acme", &format!("skills/crashy/revisions/{n}/archive")))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(tar.status(), 200);
         let tar = tar.bytes().await.unwrap();
         let t = tempfile::tempdir().unwrap();
-        let intake = skillbox_package::intake::extract_tar(&tar[..], false, t.path(), &Default::default()).unwrap();
-        let d = skillbox_package::Manifest::new(intake.files).unwrap().digest().to_string();
-        assert_eq!(Some(d.as_str()), detail["digest"].as_str(), "r{n} content does not match its digest");
+        let intake =
+            skillbox_package::intake::extract_tar(&tar[..], false, t.path(), &Default::default())
+                .unwrap();
+        let d = skillbox_package::Manifest::new(intake.files)
+            .unwrap()
+            .digest()
+            .to_string();
+        assert_eq!(
+            Some(d.as_str()),
+            detail["digest"].as_str(),
+            "r{n} content does not match its digest"
+        );
     }
     *checked = numbers.len();
     let (_, skill) = get(c, &s.ws("acme", "skills/crashy"), ADMIN).await;
     let cur = skill["current_revision"].as_i64().unwrap();
-    assert!(numbers.contains(&cur), "pointer names r{cur}, which is not a complete revision");
+    assert!(
+        numbers.contains(&cur),
+        "pointer names r{cur}, which is not a complete revision"
+    );
     cur
 }
 
@@ -65,7 +109,11 @@ async fn verify(c: &reqwest::Client, s: &Server, acked: &[(i64, String)], checke
 async fn kill9_during_publishes_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     eprintln!("seed {seed}");
     let mut rng = Rng(seed);
     let c = http();
@@ -80,7 +128,13 @@ async fn kill9_during_publishes_loses_nothing() {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = {
-            let (c, url_base, acked, stop, in_flight) = (c.clone(), s.ws("acme", "skills/crashy"), acked.clone(), stop.clone(), in_flight.clone());
+            let (c, url_base, acked, stop, in_flight) = (
+                c.clone(),
+                s.ws("acme", "skills/crashy"),
+                acked.clone(),
+                stop.clone(),
+                in_flight.clone(),
+            );
             counter += 1000;
             let mut n = counter;
             tokio::spawn(async move {
@@ -96,12 +150,17 @@ async fn kill9_during_publishes_loses_nothing() {
                         .await;
                     let Ok(r) = r else { break };
                     let st = r.status().as_u16();
-                    let Ok(v) = r.json::<Value>().await else { break };
+                    let Ok(v) = r.json::<Value>().await else {
+                        break;
+                    };
                     in_flight.store(false, std::sync::atomic::Ordering::SeqCst);
                     match st {
                         201 => {
                             let rev = v["revision"].as_i64().unwrap();
-                            acked.lock().unwrap().push((rev, v["digest"].as_str().unwrap().to_string()));
+                            acked
+                                .lock()
+                                .unwrap()
+                                .push((rev, v["digest"].as_str().unwrap().to_string()));
                             base = rev;
                         }
                         409 => base = v["error"]["current_revision"].as_i64().unwrap(),
@@ -119,13 +178,36 @@ async fn kill9_during_publishes_loses_nothing() {
         let _ = task.await;
     }
     let s = Server::start_on(dir.path(), port, &[]);
-    let staging: Vec<_> = std::fs::read_dir(dir.path().join("staging")).unwrap().collect();
-    assert!(staging.is_empty(), "staging not swept after restart: {staging:?}");
+    let staging: Vec<_> = std::fs::read_dir(dir.path().join("staging"))
+        .unwrap()
+        .collect();
+    assert!(
+        staging.is_empty(),
+        "staging not swept after restart: {staging:?}"
+    );
     let snapshot = acked.lock().unwrap().clone();
     verify(&c, &s, &snapshot, &mut checked).await;
-    let fsck: Value = c.post(format!("{}/v1/admin/fsck", s.url)).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let fsck: Value = c
+        .post(format!("{}/v1/admin/fsck", s.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(fsck["ok"], true, "{fsck}");
-    eprintln!("{} acknowledged publishes, {kills_mid_request} of {KILLS} kills landed mid-request", snapshot.len());
-    assert!(snapshot.len() > KILLS / 2, "too few publishes to mean anything: {}", snapshot.len());
-    assert!(kills_mid_request > KILLS / 4, "too few kills landed mid-publish: {kills_mid_request}");
+    eprintln!(
+        "{} acknowledged publishes, {kills_mid_request} of {KILLS} kills landed mid-request",
+        snapshot.len()
+    );
+    assert!(
+        snapshot.len() > KILLS / 2,
+        "too few publishes to mean anything: {}",
+        snapshot.len()
+    );
+    assert!(
+        kills_mid_request > KILLS / 4,
+        "too few kills landed mid-publish: {kills_mid_request}"
+    );
 }

@@ -14,7 +14,11 @@ pub fn bin() -> &'static str {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A running `skillbox serve`.
@@ -33,7 +37,14 @@ impl Server {
 
     pub fn start_on(data_dir: &Path, port: u16, extra: &[&str]) -> Server {
         let child = Command::new(bin())
-            .args(["serve", "--box", "none", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+            .args([
+                "serve",
+                "--box",
+                "none",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
             .arg(data_dir)
             .args(extra)
             .env("SKILLBOX_ADMIN_TOKEN", ADMIN)
@@ -42,7 +53,12 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn skillbox serve");
-        let s = Server { child, url: format!("http://127.0.0.1:{port}"), data_dir: data_dir.to_path_buf(), port };
+        let s = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data_dir: data_dir.to_path_buf(),
+            port,
+        };
         s.wait_ready();
         s
     }
@@ -81,7 +97,10 @@ impl Drop for Server {
 }
 
 pub fn http() -> reqwest::Client {
-    reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap()
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
 }
 
 /// A tar of these files (mode 0755 for paths ending in .sh); paths up to 100 bytes.
@@ -107,10 +126,21 @@ pub fn skill_md(name: &str, desc: &str) -> String {
 /// A small valid package of `name` whose content depends on `variant`.
 pub fn package(name: &str, variant: &str) -> Vec<u8> {
     let md = skill_md(name, &format!("variant {variant}"));
-    tar_of(&[("SKILL.md", md.as_bytes()), ("scripts/run.sh", format!("echo {variant}\n").as_bytes())])
+    tar_of(&[
+        ("SKILL.md", md.as_bytes()),
+        ("scripts/run.sh", format!("echo {variant}\n").as_bytes()),
+    ])
 }
 
-pub async fn publish(c: &reqwest::Client, s: &Server, token: &str, ws: &str, name: &str, base: i64, body: Vec<u8>) -> (u16, Value) {
+pub async fn publish(
+    c: &reqwest::Client,
+    s: &Server,
+    token: &str,
+    ws: &str,
+    name: &str,
+    base: i64,
+    body: Vec<u8>,
+) -> (u16, Value) {
     let r = c
         .post(s.ws(ws, &format!("skills/{name}/revisions?base_revision={base}")))
         .bearer_auth(token)
@@ -138,7 +168,10 @@ pub async fn token(c: &reqwest::Client, s: &Server, ws: &str, role: &str) -> Str
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    r.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string()
+    r.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 pub fn error_code(v: &Value) -> &str {
