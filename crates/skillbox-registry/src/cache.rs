@@ -108,6 +108,11 @@ impl RevisionCache {
         }
     }
 
+    /// The directory holding all trees.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// Removes a tree (revocation, collection).
     pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
         skillbox_package::staging::remove_tree(&self.tree_path(digest))

@@ -27,6 +27,16 @@ pub enum RegistryError {
         warnings: Vec<Problem>,
     },
     #[error("{0}")]
+    SkillNotAuthorized(String),
+    #[error("{0}")]
+    NotActivated(String),
+    #[error("skill {skill:?} is pinned to revision {pinned_revision} in this run; revision {requested_revision} cannot be activated too")]
+    ActivationConflict { skill: String, pinned_revision: i64, requested_revision: i64 },
+    #[error("revision {revision} of skill {skill:?}, pinned by this run, is unavailable: {reason}")]
+    PinnedRevisionUnavailable { skill: String, skill_id: String, revision: i64, reason: String },
+    #[error("{0}")]
+    BoxUnavailable(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -41,6 +51,11 @@ impl RegistryError {
             RegistryError::RevisionRevoked(_) => "revision_revoked",
             RegistryError::TooLarge(_) => "too_large",
             RegistryError::InvalidPackage { .. } => "invalid_package",
+            RegistryError::SkillNotAuthorized(_) => "skill_not_authorized",
+            RegistryError::NotActivated(_) => "not_activated",
+            RegistryError::ActivationConflict { .. } => "activation_conflict",
+            RegistryError::PinnedRevisionUnavailable { .. } => "pinned_revision_unavailable",
+            RegistryError::BoxUnavailable(_) => "box_unavailable",
             RegistryError::Internal(_) => "internal",
         }
     }

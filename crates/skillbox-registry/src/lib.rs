@@ -16,15 +16,18 @@ pub mod content;
 mod drafts;
 pub mod error;
 pub mod fsck;
+pub mod gc;
 pub mod meta;
 mod publish;
 mod reads;
+pub mod runs;
 
 pub use auth::{Principal, Role};
 pub use error::{RegistryError, Result};
 pub use meta::{DraftFile, DraftRow, Event, MetaStore, RevisionRow, SkillRow};
 pub use publish::Published;
 pub use reads::{FileContent, RevSel, RevisionView, SkillSummary};
+pub use runs::{Activation, Pin, RunView};
 
 use cache::RevisionCache;
 use content::ContentStore;
@@ -61,7 +64,10 @@ pub struct Registry {
     pub(crate) content: ContentStore,
     pub(crate) cache: RevisionCache,
     staging: PathBuf,
-    manifests: Mutex<HashMap<Digest, Arc<Manifest>>>,
+    pub(crate) manifests: Mutex<HashMap<Digest, Arc<Manifest>>>,
+    /// Every revocation (skill id, revision), for the box to kill executions using it.
+    pub(crate) revocations: tokio::sync::broadcast::Sender<(String, i64)>,
+    instructions: Mutex<HashMap<Digest, Arc<String>>>,
     /// Bumped after every committed change: wakes event streams.
     changes: tokio::sync::watch::Sender<u64>,
 }
@@ -85,6 +91,7 @@ impl Registry {
         };
         let meta = MetaStore::connect(&url).await?;
         let (changes, _) = tokio::sync::watch::channel(0);
+        let (revocations, _) = tokio::sync::broadcast::channel(1024);
         Ok(Arc::new(Registry {
             cfg,
             meta,
@@ -92,6 +99,8 @@ impl Registry {
             cache,
             staging,
             manifests: Mutex::new(HashMap::new()),
+            revocations,
+            instructions: Mutex::new(HashMap::new()),
             changes,
         }))
     }
@@ -131,6 +140,11 @@ impl Registry {
         self.changes.subscribe()
     }
 
+    /// Subscribes to revocations (skill id, revision).
+    pub fn subscribe_revocations(&self) -> tokio::sync::broadcast::Receiver<(String, i64)> {
+        self.revocations.subscribe()
+    }
+
     pub(crate) fn notify_change(&self) {
         self.changes.send_modify(|v| *v += 1);
     }
@@ -156,6 +170,28 @@ impl Registry {
             c.insert(*digest, m.clone());
         }
         Ok(m)
+    }
+
+    /// The instructions (SKILL.md body) of a revision, from memory when hot.
+    pub async fn instructions(&self, digest: &Digest, manifest: &Manifest) -> Result<Arc<String>> {
+        if let Some(s) = self.instructions.lock().ok().and_then(|c| c.get(digest).cloned()) {
+            return Ok(s);
+        }
+        let entry = manifest.get(skillbox_package::SKILL_MD).ok_or_else(|| RegistryError::internal("revision without SKILL.md"))?;
+        let tree_file = self.cache.tree_path(digest).join(skillbox_package::SKILL_MD);
+        let bytes = match tokio::fs::read(&tree_file).await {
+            Ok(b) => bytes::Bytes::from(b),
+            Err(_) => self.content.get_blob(&entry.sha256).await?.ok_or_else(|| RegistryError::internal("SKILL.md blob missing"))?,
+        };
+        let parsed = skillbox_package::frontmatter::parse_skill_md(&bytes, usize::MAX);
+        let body = Arc::new(parsed.skill.map(|s| s.body).unwrap_or_default());
+        if let Ok(mut c) = self.instructions.lock() {
+            if c.len() >= MANIFEST_CACHE_ENTRIES {
+                c.clear();
+            }
+            c.insert(*digest, body.clone());
+        }
+        Ok(body)
     }
 
     /// Events of `workspace` after `after`.

@@ -86,6 +86,30 @@ const SCHEMA: &[&str] = &[
         at BIGINT NOT NULL,
         data TEXT NOT NULL,
         PRIMARY KEY (workspace, seq))",
+    "CREATE TABLE IF NOT EXISTS runs (
+        id TEXT PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        state TEXT NOT NULL,
+        ttl_ms BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        require_immutable BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        ended_at BIGINT)",
+    "CREATE INDEX IF NOT EXISTS runs_live ON runs (state, expires_at)",
+    "CREATE TABLE IF NOT EXISTS run_skills (
+        run_id TEXT NOT NULL,
+        skill_name TEXT NOT NULL,
+        skill_id TEXT NOT NULL,
+        PRIMARY KEY (run_id, skill_name))",
+    "CREATE TABLE IF NOT EXISTS pins (
+        run_id TEXT NOT NULL,
+        skill_id TEXT NOT NULL,
+        skill_name TEXT NOT NULL,
+        revision BIGINT NOT NULL,
+        digest TEXT NOT NULL,
+        activated_at BIGINT NOT NULL,
+        PRIMARY KEY (run_id, skill_id))",
+    "CREATE INDEX IF NOT EXISTS pins_revision ON pins (skill_id, revision)",
 ];
 
 pub fn now_ms() -> i64 {
@@ -200,7 +224,13 @@ pub enum CommitOutcome {
     Conflict {
         current_revision: i64,
     },
+    /// Content the revision needs vanished before the commit (a concurrent collection):
+    /// restore it and commit again.
+    ContentMissing,
 }
+
+/// Checks, inside a write transaction, that content written before it is still present.
+pub type PresenceCheck<'a> = &'a (dyn Fn() -> bool + Send + Sync);
 
 impl MetaStore {
     /// Connects (`sqlite://…` or `postgres://…`) and applies the schema.
@@ -402,9 +432,15 @@ impl MetaStore {
     /// The commit of a publication: one transaction that creates the skill if needed, moves
     /// the pointer from `base_revision` by compare-and-swap, inserts the revision and appends
     /// the event. Content must be durable before this is called.
-    pub async fn commit_revision(&self, n: &NewRevision<'_>) -> Result<CommitOutcome> {
+    pub async fn commit_revision(&self, n: &NewRevision<'_>, present: PresenceCheck<'_>) -> Result<CommitOutcome> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
+        // Content deletions happen under the same write lock (see gc.rs): checked here, the
+        // answer holds until this transaction ends.
+        if !present() {
+            tx.rollback().await?;
+            return Ok(CommitOutcome::ContentMissing);
+        }
         Self::ensure_workspace(&mut tx, n.workspace).await?;
         let mut skill = Self::active_skill_tx(&mut tx, n.workspace, n.skill).await?;
         if skill.is_none() {
@@ -652,8 +688,13 @@ impl MetaStore {
         skill: &str,
         base: i64,
         files: &[DraftFile],
-    ) -> Result<()> {
+        present: PresenceCheck<'_>,
+    ) -> Result<bool> {
         let mut tx = self.write_tx().await?;
+        if !present() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         let now = now_ms();
         sqlx::query("INSERT INTO drafts (id, workspace, skill, base_revision, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)")
             .bind(id)
@@ -667,7 +708,7 @@ impl MetaStore {
             Self::put_draft_file_tx(&mut tx, id, f).await?;
         }
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 
     async fn put_draft_file_tx(tx: &mut Tx, id: &str, f: &DraftFile) -> Result<()> {
@@ -721,8 +762,13 @@ impl MetaStore {
             .collect()
     }
 
-    pub async fn put_draft_file(&self, id: &str, f: &DraftFile) -> Result<()> {
+    /// Records a draft file; false (nothing written) when `present` says its blob vanished.
+    pub async fn put_draft_file(&self, id: &str, f: &DraftFile, present: PresenceCheck<'_>) -> Result<bool> {
         let mut tx = self.write_tx().await?;
+        if !present() {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         Self::put_draft_file_tx(&mut tx, id, f).await?;
         sqlx::query("UPDATE drafts SET updated_at = $2 WHERE id = $1")
             .bind(id)
@@ -730,7 +776,7 @@ impl MetaStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 
     pub async fn delete_draft_file(&self, id: &str, path: &str) -> Result<bool> {

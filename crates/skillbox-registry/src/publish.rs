@@ -119,7 +119,8 @@ impl Registry {
         workspace: &str,
         name: &str,
         base_revision: i64,
-        staging: StagingDir,
+        // Kept alive to the end: its files are what a restore after a collection relinks from.
+        _staging: StagingDir,
         pkg: Package,
         publisher: &str,
     ) -> Result<Published> {
@@ -152,65 +153,64 @@ impl Registry {
             });
         }
 
-        // Content first: blobs, manifest, revision-cache tree; then one sync for all of it.
-        let blobs = pkg
-            .manifest
-            .entries()
-            .iter()
-            .map(|e| (e.sha256, pkg.root.join(&e.path)))
-            .collect();
-        self.content.put_blob_files(blobs).await?;
-        self.content
-            .put_manifest(pkg.manifest.encode().into())
-            .await?;
-        let (cache, content, manifest, d) = (
-            self.cache.clone(),
-            self.content.clone(),
-            pkg.manifest.clone(),
-            pkg.digest,
-        );
-        let rt = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || cache.ensure(&d, &manifest, &content, &rt))
-            .await
-            .map_err(RegistryError::internal)??;
-        self.content.sync().await?;
-        drop(staging);
-
-        let frontmatter =
-            serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
-        let outcome = self
-            .meta
-            .commit_revision(&NewRevision {
-                workspace,
-                skill: name,
-                base_revision,
-                digest: &digest,
-                publisher,
-                file_count: pkg.manifest.len() as i64,
-                size: pkg.manifest.total_size() as i64,
-                frontmatter: &frontmatter,
-            })
-            .await?;
-        match outcome {
-            CommitOutcome::Created { skill, revision } => {
-                self.notify_change();
-                tracing::info!(
-                    workspace,
-                    skill = name,
-                    revision = revision.revision,
-                    digest,
-                    "published"
-                );
-                Ok(Published::from_rows(&skill, &revision, pkg.warnings, false))
+        let frontmatter = serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
+        let blob_hashes: Vec<_> = pkg.manifest.entries().iter().map(|e| e.sha256).collect();
+        let tree = self.cache.tree_path(&pkg.digest);
+        let present = {
+            let (content, digest, tree) = (self.content.clone(), pkg.digest, tree.clone());
+            move || tree.is_dir() && content.all_present_locally(&blob_hashes, &digest)
+        };
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            self.store_content(&pkg).await?;
+            let outcome = self
+                .meta
+                .commit_revision(
+                    &NewRevision {
+                        workspace,
+                        skill: name,
+                        base_revision,
+                        digest: &digest,
+                        publisher,
+                        file_count: pkg.manifest.len() as i64,
+                        size: pkg.manifest.total_size() as i64,
+                        frontmatter: &frontmatter,
+                    },
+                    &present,
+                )
+                .await?;
+            match outcome {
+                // A concurrent collection removed deduplicated content: restore it from
+                // staging (still ours) and commit again.
+                CommitOutcome::ContentMissing if attempts < 5 => continue,
+                CommitOutcome::ContentMissing => {
+                    return Err(RegistryError::Internal("content kept vanishing during publication; retry".into()));
+                }
+                CommitOutcome::Created { skill, revision } => {
+                    self.notify_change();
+                    tracing::info!(workspace, skill = name, revision = revision.revision, digest, "published");
+                    return Ok(Published::from_rows(&skill, &revision, pkg.warnings, false));
+                }
+                CommitOutcome::Replayed { skill, revision } => {
+                    return Ok(Published::from_rows(&skill, &revision, pkg.warnings, true));
+                }
+                CommitOutcome::Conflict { current_revision } => {
+                    return Err(RegistryError::RevisionConflict { current_revision, base_revision });
+                }
             }
-            CommitOutcome::Replayed { skill, revision } => {
-                Ok(Published::from_rows(&skill, &revision, pkg.warnings, true))
-            }
-            CommitOutcome::Conflict { current_revision } => Err(RegistryError::RevisionConflict {
-                current_revision,
-                base_revision,
-            }),
         }
+    }
+
+    /// Content first: blobs, manifest, revision-cache tree; then one sync for all of it.
+    async fn store_content(&self, pkg: &Package) -> Result<()> {
+        let blobs = pkg.manifest.entries().iter().map(|e| (e.sha256, pkg.root.join(&e.path))).collect();
+        self.content.put_blob_files(blobs).await?;
+        self.content.put_manifest(pkg.manifest.encode().into()).await?;
+        let (cache, content, manifest, d) = (self.cache.clone(), self.content.clone(), pkg.manifest.clone(), pkg.digest);
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || cache.ensure(&d, &manifest, &content, &rt)).await.map_err(RegistryError::internal)??;
+        self.content.sync().await
     }
 
     async fn find_replay(

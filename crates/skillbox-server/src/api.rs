@@ -63,6 +63,16 @@ pub fn routes() -> Router<SharedState> {
             post(publish_draft),
         )
         .route("/v1/workspaces/{ws}/events", get(events))
+        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke", post(revoke))
+        .route("/v1/workspaces/{ws}/runs", post(create_run))
+        .route("/v1/workspaces/{ws}/runs/{run}", get(run_detail).delete(finish_run))
+        .route("/v1/workspaces/{ws}/runs/{run}/activations", post(activate))
+        .route("/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}", get(pinned_file))
+        .route("/v1/workspaces/{ws}/runs/{run}/heartbeat", post(heartbeat))
+        .route("/v1/workspaces/{ws}/runs/{run}/prompt", get(prompt))
+        .route("/v1/workspaces/{ws}/runs/{run}/exec", post(exec))
+        .route("/v1/workspaces/{ws}/runs/{run}/drafts", post(run_draft))
+        .route("/v1/admin/gc", post(gc))
         .route("/v1/admin/tokens", post(create_token))
         .route("/v1/admin/fsck", post(fsck))
         .layer(axum::extract::DefaultBodyLimit::max(2 * 1024 * 1024))
@@ -725,4 +735,139 @@ async fn fsck(State(s): State<SharedState>, headers: HeaderMap) -> ApiResult<Jso
     Ok(Json(
         serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?,
     ))
+}
+
+// ---------- revocation ----------
+
+#[derive(Deserialize)]
+struct RevokeBody {
+    reason: String,
+}
+
+async fn revoke(
+    State(s): State<SharedState>,
+    Path((ws, name, rev)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    Json(body): Json<RevokeBody>,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Admin).await?;
+    let revision = match rev.parse::<RevSel>()? {
+        RevSel::Number(n) => n,
+        RevSel::Current => s.registry.skill(&ws, &name).await?.current_revision,
+    };
+    if body.reason.trim().is_empty() {
+        return Err(ApiError::bad_request("a revocation needs a reason"));
+    }
+    let r = s.registry.revoke(&ws, &name, revision, &body.reason).await?;
+    Ok(Json(serde_json::to_value(r).map_err(|e| ApiError::internal(e.to_string()))?))
+}
+
+// ---------- runs ----------
+
+#[derive(Deserialize, Default)]
+struct CreateRun {
+    skills: Option<Vec<String>>,
+    ttl_seconds: Option<u64>,
+    #[serde(default)]
+    require_immutable: bool,
+}
+
+async fn create_run(
+    State(s): State<SharedState>,
+    Path(ws): Path<String>,
+    headers: HeaderMap,
+    body: Option<Json<CreateRun>>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let run = s.registry.create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable).await?;
+    Ok((StatusCode::CREATED, Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?)))
+}
+
+async fn run_detail(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let run = s.registry.run(&ws, &run).await?;
+    Ok(Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?))
+}
+
+async fn finish_run(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let run = s.registry.finish_run(&ws, &run).await?;
+    Ok(Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?))
+}
+
+async fn heartbeat(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let run = s.registry.heartbeat(&ws, &run).await?;
+    Ok(Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?))
+}
+
+#[derive(Deserialize)]
+struct ActivateBody {
+    skill: String,
+    revision: Option<i64>,
+}
+
+async fn activate(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(body): Json<ActivateBody>,
+) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let a = s.registry.activate(&ws, &run, &body.skill, body.revision).await?;
+    Ok(Json(serde_json::to_value(a).map_err(|e| ApiError::internal(e.to_string()))?))
+}
+
+async fn pinned_file(
+    State(s): State<SharedState>,
+    Path((ws, run, name, path)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let (entry, content) = s.registry.pinned_file(&ws, &run, &name, &path).await?;
+    file_response(&headers, &entry, content).await
+}
+
+async fn prompt(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    let (text, skills) = s.registry.prompt(&ws, &run).await?;
+    let skills: Vec<Value> = skills.into_iter().map(|(name, description)| json!({"name": name, "description": description})).collect();
+    Ok(Json(json!({"prompt": text, "skills": skills})))
+}
+
+/// Execution needs the box, which this build does not have yet.
+async fn exec(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    s.registry.run(&ws, &run).await?;
+    Err(skillbox_registry::RegistryError::BoxUnavailable(
+        "no sandbox backend is running (--box none): activation and reads work, execution does not".into(),
+    )
+    .into())
+}
+
+async fn run_draft(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    authorize(&s, &headers, &ws, Role::Runner).await?;
+    s.registry.run(&ws, &run).await?;
+    Err(skillbox_registry::RegistryError::BoxUnavailable(
+        "run drafts live in the run's sandbox workspace; no sandbox backend is running (--box none)".into(),
+    )
+    .into())
+}
+
+// ---------- gc ----------
+
+#[derive(Deserialize, Default)]
+struct GcBody {
+    #[serde(default)]
+    dry_run: bool,
+    grace_seconds: Option<u64>,
+}
+
+async fn gc(State(s): State<SharedState>, headers: HeaderMap, body: Option<Json<GcBody>>) -> ApiResult<Json<Value>> {
+    authorize_server_admin(&s, &headers).await?;
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let grace = std::time::Duration::from_secs(body.grace_seconds.unwrap_or(s.cfg.gc_grace.as_secs()));
+    let report = s.registry.gc(body.dry_run, grace).await?;
+    Ok(Json(serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?))
 }

@@ -64,6 +64,17 @@ impl From<RegistryError> for ApiError {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 Some(json!({"problems": problems, "warnings": warnings})),
             ),
+            RegistryError::SkillNotAuthorized(_) => (StatusCode::FORBIDDEN, None),
+            RegistryError::NotActivated(_) => (StatusCode::NOT_FOUND, None),
+            RegistryError::ActivationConflict { pinned_revision, requested_revision, .. } => (
+                StatusCode::CONFLICT,
+                Some(json!({"pinned_revision": pinned_revision, "requested_revision": requested_revision})),
+            ),
+            RegistryError::PinnedRevisionUnavailable { skill, skill_id, revision, .. } => (
+                StatusCode::GONE,
+                Some(json!({"skill": skill, "skill_id": skill_id, "revision": revision})),
+            ),
+            RegistryError::BoxUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
             RegistryError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 (StatusCode::INTERNAL_SERVER_ERROR, None)

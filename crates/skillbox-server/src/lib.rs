@@ -27,6 +27,8 @@ pub struct ServerConfig {
     /// Largest accepted upload body, in bytes.
     pub max_upload_bytes: u64,
     pub request_timeout: Duration,
+    /// Default grace period of garbage collection.
+    pub gc_grace: Duration,
 }
 
 pub struct AppState {
@@ -67,6 +69,35 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
     state.metrics.observe(&method, &route, status, ms);
     tracing::info!(target: "skillbox::http", %method, %route, status, ms, "request");
     response
+}
+
+/// Background upkeep: marks lapsed leases expired every `sweep`, collects garbage every
+/// `gc_every` (if set). Runs until the process ends.
+pub fn spawn_upkeep(state: SharedState, sweep: Duration, gc_every: Option<Duration>) {
+    let s = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(sweep);
+        loop {
+            tick.tick().await;
+            match s.registry.expire_runs().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(runs = n, "leases expired"),
+                Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
+            }
+        }
+    });
+    if let Some(every) = gc_every {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = state.registry.gc(false, state.cfg.gc_grace).await {
+                    tracing::warn!(error = %e, "scheduled garbage collection failed");
+                }
+            }
+        });
+    }
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests.

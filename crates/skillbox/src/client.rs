@@ -73,6 +73,24 @@ pub enum ClientCommand {
         #[arg(long)]
         follow: bool,
     },
+    /// Runs: create, activate skills, read pinned files, finish.
+    #[command(subcommand)]
+    Run(RunCommand),
+    /// Emergency revocation of one revision: NAME@REV --reason "...".
+    Revoke {
+        spec: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Garbage collection (admin).
+    Gc {
+        /// Report what would be collected; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Grace period in seconds (default: the server's).
+        #[arg(long)]
+        grace: Option<u64>,
+    },
     /// Tokens (admin).
     #[command(subcommand)]
     Token(TokenCommand),
@@ -108,6 +126,47 @@ pub enum DraftCommand {
     Publish { id: String },
     /// Delete the draft.
     Delete { id: String },
+}
+
+#[derive(clap::Subcommand)]
+pub enum RunCommand {
+    /// Create a run (prints its id).
+    Create {
+        /// Authorized skills (repeatable; default: every active skill).
+        #[arg(long = "skill")]
+        skills: Vec<String>,
+        /// Lease in seconds, renewed by activity and heartbeats.
+        #[arg(long)]
+        ttl: Option<u64>,
+        /// Refuse backends that cannot enforce read-only packages.
+        #[arg(long)]
+        require_immutable: bool,
+    },
+    /// Show a run and its pins.
+    Show { run: String },
+    /// Activate (pin) a skill in the run; prints its instructions.
+    Activate {
+        run: String,
+        skill: String,
+        #[arg(long)]
+        revision: Option<i64>,
+    },
+    /// Print a file of the run's pinned revision of SKILL.
+    Read { run: String, skill: String, path: String },
+    /// Print the run's <available_skills> prompt index.
+    Prompt { run: String },
+    /// Extend the run's lease.
+    Heartbeat { run: String },
+    /// Execute in the run's sandbox: skillbox run exec RUN [--skill S] -- argv...
+    Exec {
+        run: String,
+        #[arg(long)]
+        skill: Option<String>,
+        #[arg(trailing_var_arg = true, required = true)]
+        argv: Vec<String>,
+    },
+    /// Finish the run (releases its pins).
+    Finish { run: String },
 }
 
 #[derive(clap::Subcommand)]
@@ -342,6 +401,35 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         }
         ClientCommand::Draft(d) => draft(&c, d, j).await?,
         ClientCommand::Events { after, follow } => events(&c, after, follow, j).await?,
+        ClientCommand::Run(r) => run_cmd(&c, r, j).await?,
+        ClientCommand::Revoke { spec, reason } => {
+            let (name, rev) = spec.split_once('@').ok_or_else(|| anyhow!("use NAME@REV"))?;
+            let v: Value = c
+                .send(c.req(reqwest::Method::POST, c.ws_url(&format!("skills/{name}/revisions/{rev}/revoke"))).json(&json!({"reason": reason})))
+                .await?
+                .json()
+                .await?;
+            print(j, &v, || format!("revoked {name}@r{}; current revision is now r{}", v["revision"], v["current_revision"]));
+        }
+        ClientCommand::Gc { dry_run, grace } => {
+            let mut body = json!({"dry_run": dry_run});
+            if let Some(g) = grace {
+                body["grace_seconds"] = json!(g);
+            }
+            let v: Value = c.send(c.req(reqwest::Method::POST, c.url("/v1/admin/gc")).json(&body)).await?.json().await?;
+            print(j, &v, || {
+                let mut s = format!(
+                    "{}{} revisions, {} trees, {} manifests, {} blobs, {} bytes freed",
+                    if dry_run { "would collect: " } else { "collected: " },
+                    v["revisions"].as_array().map(|a| a.len()).unwrap_or(0),
+                    v["trees_removed"], v["manifests_removed"], v["blobs_removed"], v["bytes_freed"]
+                );
+                for r in v["revisions"].as_array().into_iter().flatten() {
+                    s.push_str(&format!("\n  {}/{}@r{} {}", r["workspace"].as_str().unwrap_or(""), r["skill"].as_str().unwrap_or(""), r["revision"], r["digest"].as_str().unwrap_or("")));
+                }
+                s
+            });
+        }
         ClientCommand::Token(TokenCommand::Create { role }) => {
             let body = json!({"workspace": c.conn.workspace, "role": role});
             let v = c
@@ -729,6 +817,66 @@ async fn events(c: &Client, after: i64, follow: bool, j: bool) -> anyhow::Result
                     v["data"]
                 )
             });
+        }
+    }
+    Ok(())
+}
+
+async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
+    use reqwest::Method as M;
+    match r {
+        RunCommand::Create { skills, ttl, require_immutable } => {
+            let mut body = json!({"require_immutable": require_immutable});
+            if !skills.is_empty() {
+                body["skills"] = json!(skills);
+            }
+            if let Some(t) = ttl {
+                body["ttl_seconds"] = json!(t);
+            }
+            let v: Value = c.send(c.req(M::POST, c.ws_url("runs")).json(&body)).await?.json().await?;
+            print(j, &v, || v["run_id"].as_str().unwrap_or("").to_string());
+        }
+        RunCommand::Show { run } => {
+            let v = c.get_json(c.ws_url(&format!("runs/{run}"))).await?;
+            print(j, &v, || serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        RunCommand::Activate { run, skill, revision } => {
+            let v: Value = c
+                .send(c.req(M::POST, c.ws_url(&format!("runs/{run}/activations"))).json(&json!({"skill": skill, "revision": revision})))
+                .await?
+                .json()
+                .await?;
+            print(j, &v, || {
+                format!(
+                    "{}@r{} {} mounted at {}\n\n{}",
+                    v["skill"].as_str().unwrap_or(""), v["revision"], v["digest"].as_str().unwrap_or(""),
+                    v["mount_path"].as_str().unwrap_or(""), v["instructions"].as_str().unwrap_or("")
+                )
+            });
+        }
+        RunCommand::Read { run, skill, path } => {
+            let bytes = c.send(c.req(M::GET, c.ws_url(&format!("runs/{run}/skills/{skill}/files/{path}")))).await?.bytes().await?;
+            std::io::stdout().write_all(&bytes)?;
+        }
+        RunCommand::Prompt { run } => {
+            let v = c.get_json(c.ws_url(&format!("runs/{run}/prompt"))).await?;
+            print(j, &v, || v["prompt"].as_str().unwrap_or("").trim_end().to_string());
+        }
+        RunCommand::Heartbeat { run } => {
+            let v: Value = c.send(c.req(M::POST, c.ws_url(&format!("runs/{run}/heartbeat")))).await?.json().await?;
+            print(j, &v, || format!("{} {} until {}", v["run_id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), v["expires_at"]));
+        }
+        RunCommand::Exec { run, skill, argv } => {
+            let v: Value = c
+                .send(c.req(M::POST, c.ws_url(&format!("runs/{run}/exec"))).json(&json!({"skill": skill, "argv": argv})))
+                .await?
+                .json()
+                .await?;
+            print(j, &v, || format!("{}{}", v["stdout"].as_str().unwrap_or(""), v["stderr"].as_str().unwrap_or("")));
+        }
+        RunCommand::Finish { run } => {
+            let v: Value = c.send(c.req(M::DELETE, c.ws_url(&format!("runs/{run}")))).await?.json().await?;
+            print(j, &v, || format!("{} {}", v["run_id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or("")));
         }
     }
     Ok(())

@@ -38,6 +38,12 @@ pub struct ServeArgs {
     /// Request timeout in seconds.
     #[arg(long, env = "SKILLBOX_REQUEST_TIMEOUT", default_value_t = 300)]
     pub request_timeout: u64,
+    /// Grace period of garbage collection, seconds: younger revisions and content are kept.
+    #[arg(long, env = "SKILLBOX_GC_GRACE", default_value_t = 3600)]
+    pub gc_grace: u64,
+    /// Run garbage collection every this many seconds (0: only on request).
+    #[arg(long, env = "SKILLBOX_GC_INTERVAL", default_value_t = 3600)]
+    pub gc_interval: u64,
     /// Log format: text or json.
     #[arg(long, env = "SKILLBOX_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
@@ -124,11 +130,14 @@ activation and reads work, exec answers box_unavailable"
                 // Archive overhead (headers, padding, central directory) on top of the content.
                 max_upload_bytes: limits.max_total_size + 16 * 1024 * 1024,
                 request_timeout: std::time::Duration::from_secs(a.request_timeout),
+                gc_grace: std::time::Duration::from_secs(a.gc_grace),
             },
             metrics: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
         tracing::info!(listen = %listener.local_addr()?, data_dir = %a.data_dir.display(), "skillbox serving");
+        let gc_every = (a.gc_interval > 0).then(|| std::time::Duration::from_secs(a.gc_interval));
+        skillbox_server::spawn_upkeep(state.clone(), std::time::Duration::from_secs(5), gc_every);
         skillbox_server::serve(listener, state, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
