@@ -32,12 +32,14 @@ impl RevisionCache {
         self.root.join(digest.0.to_hex())
     }
 
-    /// Builds the tree for `manifest` unless it exists. Blocking; call from a blocking task.
-    /// Does not sync: the caller batches durability.
+    /// Builds the tree for `manifest` unless it exists, from `source_dir` (a package root whose
+    /// files were verified against the manifest) or else from the content store. Blocking;
+    /// call from a blocking task. Does not sync: the caller batches durability.
     pub fn ensure(
         &self,
         digest: &Digest,
         manifest: &Manifest,
+        source_dir: Option<&Path>,
         content: &ContentStore,
         rt: &tokio::runtime::Handle,
     ) -> Result<PathBuf> {
@@ -53,7 +55,11 @@ impl RevisionCache {
             if let Some(p) = target.parent() {
                 std::fs::create_dir_all(p)?;
             }
-            let local = content.local_blob_path(&entry.sha256);
+            // Prefer the caller's verified local copy (a publisher's staging), then the blob.
+            let local = match source_dir {
+                Some(dir) => Some(dir.join(&entry.path)),
+                None => content.local_blob_path(&entry.sha256),
+            };
             let linked = match &local {
                 Some(blob) if !entry.executable => std::fs::hard_link(blob, &target).is_ok(),
                 _ => false,

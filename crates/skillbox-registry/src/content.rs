@@ -143,20 +143,39 @@ impl ContentStore {
     /// Every blob: hash, size, last modified.
     pub async fn list_blob_meta(&self) -> Result<Vec<(Sha256, u64, std::time::SystemTime)>> {
         use futures_util::TryStreamExt;
-        let metas: Vec<_> = self.store.list(Some(&Key::from("blobs/sha256"))).try_collect().await?;
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&Key::from("blobs/sha256")))
+            .try_collect()
+            .await?;
         Ok(metas
             .into_iter()
-            .filter_map(|m| Some((Sha256::from_hex(m.location.filename()?)?, m.size, std::time::SystemTime::from(m.last_modified))))
+            .filter_map(|m| {
+                Some((
+                    Sha256::from_hex(m.location.filename()?)?,
+                    m.size,
+                    std::time::SystemTime::from(m.last_modified),
+                ))
+            })
             .collect())
     }
 
     /// Every manifest: digest, last modified.
     pub async fn list_manifests(&self) -> Result<Vec<(Digest, std::time::SystemTime)>> {
         use futures_util::TryStreamExt;
-        let metas: Vec<_> = self.store.list(Some(&Key::from("manifests/sha256"))).try_collect().await?;
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&Key::from("manifests/sha256")))
+            .try_collect()
+            .await?;
         Ok(metas
             .into_iter()
-            .filter_map(|m| Some((Digest(Sha256::from_hex(m.location.filename()?)?), std::time::SystemTime::from(m.last_modified))))
+            .filter_map(|m| {
+                Some((
+                    Digest(Sha256::from_hex(m.location.filename()?)?),
+                    std::time::SystemTime::from(m.last_modified),
+                ))
+            })
             .collect())
     }
 
@@ -177,14 +196,22 @@ impl ContentStore {
     /// Whether all these objects are present (local stores only; a remote store answers
     /// true and relies on its own conditional writes).
     pub fn all_present_locally(&self, blobs: &[Sha256], manifest: &Digest) -> bool {
-        let Some(root) = &self.local_root else { return true };
-        root.join(format!("manifests/sha256/{}", manifest.0)).is_file() && self.all_blobs_present_locally(blobs)
+        let Some(root) = &self.local_root else {
+            return true;
+        };
+        root.join(format!("manifests/sha256/{}", manifest.0))
+            .is_file()
+            && self.all_blobs_present_locally(blobs)
     }
 
     /// Like [`ContentStore::all_present_locally`], for blobs only.
     pub fn all_blobs_present_locally(&self, blobs: &[Sha256]) -> bool {
-        let Some(root) = &self.local_root else { return true };
-        blobs.iter().all(|b| root.join(format!("blobs/sha256/{b}")).is_file())
+        let Some(root) = &self.local_root else {
+            return true;
+        };
+        blobs
+            .iter()
+            .all(|b| root.join(format!("blobs/sha256/{b}")).is_file())
     }
 
     /// Every blob hash in the store.

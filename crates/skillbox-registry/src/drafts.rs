@@ -37,11 +37,20 @@ impl Registry {
                 .collect()
         };
         let id = new_id();
-        let hashes: Vec<Sha256> = files.iter().filter_map(|f| Sha256::from_hex(&f.sha256)).collect();
+        let hashes: Vec<Sha256> = files
+            .iter()
+            .filter_map(|f| Sha256::from_hex(&f.sha256))
+            .collect();
         let content = self.content.clone();
         let present = move || content.all_blobs_present_locally(&hashes);
-        if !self.meta.insert_draft(&id, workspace, skill, base_revision, &files, &present).await? {
-            return Err(RegistryError::NotFound(format!("revision {base_revision} of {skill:?} was collected meanwhile")));
+        if !self
+            .meta
+            .insert_draft(&id, workspace, skill, base_revision, &files, &present)
+            .await?
+        {
+            return Err(RegistryError::NotFound(format!(
+                "revision {base_revision} of {skill:?} was collected meanwhile"
+            )));
         }
         self.draft(workspace, &id).await
     }
@@ -95,7 +104,12 @@ impl Registry {
         let size = bytes.len() as i64;
         for _ in 0..5 {
             let sha = self.content.put_blob_bytes(bytes.clone()).await?;
-            let f = DraftFile { path: path.to_string(), sha256: sha.to_hex(), size, executable };
+            let f = DraftFile {
+                path: path.to_string(),
+                sha256: sha.to_hex(),
+                size,
+                executable,
+            };
             let content = self.content.clone();
             let present = move || content.all_blobs_present_locally(&[sha]);
             // A concurrent collection may delete a blob we deduplicated against: put it again.
@@ -103,7 +117,9 @@ impl Registry {
                 return Ok(f);
             }
         }
-        Err(RegistryError::Internal("content kept vanishing while writing the draft file; retry".into()))
+        Err(RegistryError::Internal(
+            "content kept vanishing while writing the draft file; retry".into(),
+        ))
     }
 
     pub async fn delete_draft_file(&self, workspace: &str, id: &str, path: &str) -> Result<()> {

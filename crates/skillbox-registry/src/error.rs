@@ -30,10 +30,21 @@ pub enum RegistryError {
     SkillNotAuthorized(String),
     #[error("{0}")]
     NotActivated(String),
-    #[error("skill {skill:?} is pinned to revision {pinned_revision} in this run; revision {requested_revision} cannot be activated too")]
-    ActivationConflict { skill: String, pinned_revision: i64, requested_revision: i64 },
+    #[error(
+        "skill {skill:?} is pinned to revision {pinned_revision} in this run; revision {requested_revision} cannot be activated too"
+    )]
+    ActivationConflict {
+        skill: String,
+        pinned_revision: i64,
+        requested_revision: i64,
+    },
     #[error("revision {revision} of skill {skill:?}, pinned by this run, is unavailable: {reason}")]
-    PinnedRevisionUnavailable { skill: String, skill_id: String, revision: i64, reason: String },
+    PinnedRevisionUnavailable {
+        skill: String,
+        skill_id: String,
+        revision: i64,
+        reason: String,
+    },
     #[error("{0}")]
     BoxUnavailable(String),
     #[error("{0}")]

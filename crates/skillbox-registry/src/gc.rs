@@ -12,9 +12,9 @@
 //! restores it from its staging copy, and commits again. Blobs and trees younger than the
 //! grace period are never deleted either.
 
+use crate::Registry;
 use crate::error::{RegistryError, Result};
 use crate::meta::{Dialect, MetaStore, now_ms};
-use crate::Registry;
 use serde::Serialize;
 use skillbox_package::{Digest, Sha256};
 use sqlx::Row;
@@ -65,15 +65,21 @@ impl MetaStore {
     /// SQLite the write transaction already excludes every other writer).
     pub(crate) async fn lock_for_gc(&self, tx: &mut crate::meta::Tx) -> Result<()> {
         if self.dialect() == Dialect::Postgres {
-            sqlx::query("LOCK TABLE revisions, pins, draft_files IN SHARE ROW EXCLUSIVE MODE").execute(&mut **tx).await?;
+            sqlx::query("LOCK TABLE revisions, pins, draft_files IN SHARE ROW EXCLUSIVE MODE")
+                .execute(&mut **tx)
+                .await?;
         }
         Ok(())
     }
 }
 
 async fn live_digests(tx: &mut crate::meta::Tx) -> Result<HashSet<String>> {
-    let rows = sqlx::query("SELECT DISTINCT digest FROM revisions WHERE state = 'available'").fetch_all(&mut **tx).await?;
-    rows.iter().map(|r| Ok(r.try_get::<String, _>(0)?)).collect()
+    let rows = sqlx::query("SELECT DISTINCT digest FROM revisions WHERE state = 'available'")
+        .fetch_all(&mut **tx)
+        .await?;
+    rows.iter()
+        .map(|r| Ok(r.try_get::<String, _>(0)?))
+        .collect()
 }
 
 impl Registry {
@@ -81,7 +87,11 @@ impl Registry {
     pub async fn gc(&self, dry_run: bool, grace: Duration) -> Result<GcReport> {
         let now = now_ms();
         let cutoff = now - grace.as_millis() as i64;
-        let mut report = GcReport { dry_run, grace_seconds: grace.as_secs(), ..Default::default() };
+        let mut report = GcReport {
+            dry_run,
+            grace_seconds: grace.as_secs(),
+            ..Default::default()
+        };
         if !dry_run {
             report.runs_expired = self.expire_runs().await?;
         }
@@ -89,15 +99,29 @@ impl Registry {
         // 1. revisions
         let collected = if dry_run {
             let q = format!("SELECT skill_id, revision, digest FROM revisions WHERE {COLLECTABLE}");
-            sqlx::query(sqlx::AssertSqlSafe(q)).bind(now).bind(cutoff).fetch_all(self.meta.pool()).await?
+            sqlx::query(sqlx::AssertSqlSafe(q))
+                .bind(now)
+                .bind(cutoff)
+                .fetch_all(self.meta.pool())
+                .await?
         } else {
             let mut tx = self.meta.write_tx().await?;
             self.meta.lock_for_gc(&mut tx).await?;
-            let q = format!("UPDATE revisions SET state = 'collected', state_changed_at = $1 WHERE {COLLECTABLE} RETURNING skill_id, revision, digest");
-            let rows = sqlx::query(sqlx::AssertSqlSafe(q)).bind(now).bind(cutoff).fetch_all(&mut *tx).await?;
+            let q = format!(
+                "UPDATE revisions SET state = 'collected', state_changed_at = $1 WHERE {COLLECTABLE} RETURNING skill_id, revision, digest"
+            );
+            let rows = sqlx::query(sqlx::AssertSqlSafe(q))
+                .bind(now)
+                .bind(cutoff)
+                .fetch_all(&mut *tx)
+                .await?;
             for r in &rows {
-                let (skill_id, revision, digest): (String, i64, String) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-                let s = sqlx::query("SELECT workspace, name FROM skills WHERE id = $1").bind(&skill_id).fetch_one(&mut *tx).await?;
+                let (skill_id, revision, digest): (String, i64, String) =
+                    (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+                let s = sqlx::query("SELECT workspace, name FROM skills WHERE id = $1")
+                    .bind(&skill_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
                 let (ws, name): (String, String) = (s.try_get(0)?, s.try_get(1)?);
                 MetaStore::append_event(
                     &mut tx,
@@ -111,7 +135,8 @@ impl Registry {
             rows
         };
         for r in &collected {
-            let (skill_id, revision, digest): (String, i64, String) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            let (skill_id, revision, digest): (String, i64, String) =
+                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
             let s = self.meta.skill_by_id(&skill_id).await?;
             report.revisions.push(CollectedRevision {
                 workspace: s.as_ref().map(|s| s.workspace.clone()).unwrap_or_default(),
@@ -146,7 +171,8 @@ impl Registry {
                 referenced.insert(sha);
             }
         }
-        let old_enough = |t: std::time::SystemTime| t.elapsed().map(|age| age >= grace).unwrap_or(false);
+        let old_enough =
+            |t: std::time::SystemTime| t.elapsed().map(|age| age >= grace).unwrap_or(false);
         let tree_candidates: Vec<Digest> = std::fs::read_dir(self.cache.root())?
             .flatten()
             .filter_map(|e| {
@@ -189,21 +215,32 @@ impl Registry {
                 referenced.extend(m.entries().iter().map(|e| e.sha256));
             }
         }
-        let drafts_now = sqlx::query("SELECT DISTINCT sha256 FROM draft_files").fetch_all(&mut *tx).await?;
+        let drafts_now = sqlx::query("SELECT DISTINCT sha256 FROM draft_files")
+            .fetch_all(&mut *tx)
+            .await?;
         for r in drafts_now {
             if let Some(sha) = Sha256::from_hex(&r.try_get::<String, _>(0)?) {
                 referenced.insert(sha);
             }
         }
-        for d in tree_candidates.iter().filter(|d| !live_now.contains(&d.to_string())) {
+        for d in tree_candidates
+            .iter()
+            .filter(|d| !live_now.contains(&d.to_string()))
+        {
             self.cache.remove(d)?;
             report.trees_removed += 1;
         }
-        for d in manifest_candidates.iter().filter(|d| !live_now.contains(&d.to_string())) {
+        for d in manifest_candidates
+            .iter()
+            .filter(|d| !live_now.contains(&d.to_string()))
+        {
             self.content.delete_manifest(d).await?;
             report.manifests_removed += 1;
         }
-        for (sha, size) in blob_candidates.iter().filter(|(sha, _)| !referenced.contains(sha)) {
+        for (sha, size) in blob_candidates
+            .iter()
+            .filter(|(sha, _)| !referenced.contains(sha))
+        {
             self.content.delete_blob(sha).await?;
             report.blobs_removed += 1;
             report.bytes_freed += size;
@@ -225,7 +262,13 @@ impl Registry {
     /// Emergency revocation of one revision: reads, activations and executions of it fail
     /// with `revision_revoked`; its tree is removed; if it was current the pointer falls back
     /// to the newest available older revision (or none), by compare-and-swap.
-    pub async fn revoke(&self, workspace: &str, name: &str, revision: i64, reason: &str) -> Result<Revoked> {
+    pub async fn revoke(
+        &self,
+        workspace: &str,
+        name: &str,
+        revision: i64,
+        reason: &str,
+    ) -> Result<Revoked> {
         let skill = self.skill(workspace, name).await?;
         let now = now_ms();
         let mut tx = self.meta.write_tx().await?;
@@ -249,7 +292,10 @@ impl Registry {
                     .await?;
                 return match row {
                     Some(r) if r.try_get::<String, _>(0)? == "revoked" => {
-                        let cur = sqlx::query("SELECT current_revision FROM skills WHERE id = $1").bind(&skill.id).fetch_one(&mut *tx).await?;
+                        let cur = sqlx::query("SELECT current_revision FROM skills WHERE id = $1")
+                            .bind(&skill.id)
+                            .fetch_one(&mut *tx)
+                            .await?;
                         Ok(Revoked {
                             skill: name.into(),
                             skill_id: skill.id.clone(),
@@ -260,12 +306,21 @@ impl Registry {
                             current_revision: cur.try_get(0)?,
                         })
                     }
-                    Some(r) => Err(RegistryError::NotFound(format!("revision {revision} of {name:?} is {}", r.try_get::<String, _>(0)?))),
-                    None => Err(RegistryError::NotFound(format!("skill {name:?} has no revision {revision}"))),
+                    Some(r) => Err(RegistryError::NotFound(format!(
+                        "revision {revision} of {name:?} is {}",
+                        r.try_get::<String, _>(0)?
+                    ))),
+                    None => Err(RegistryError::NotFound(format!(
+                        "skill {name:?} has no revision {revision}"
+                    ))),
                 };
             }
         };
-        let cur: i64 = sqlx::query("SELECT current_revision FROM skills WHERE id = $1").bind(&skill.id).fetch_one(&mut *tx).await?.try_get(0)?;
+        let cur: i64 = sqlx::query("SELECT current_revision FROM skills WHERE id = $1")
+            .bind(&skill.id)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
         let mut current_revision = cur;
         if cur == revision {
             let fallback: Option<i64> = sqlx::query("SELECT MAX(revision) FROM revisions WHERE skill_id = $1 AND revision < $2 AND state = 'available'")
@@ -299,11 +354,12 @@ impl Registry {
         )
         .await?;
         // Is the tree shared with another available revision (same digest)?
-        let shared: i64 = sqlx::query("SELECT COUNT(*) FROM revisions WHERE digest = $1 AND state = 'available'")
-            .bind(&digest)
-            .fetch_one(&mut *tx)
-            .await?
-            .try_get(0)?;
+        let shared: i64 =
+            sqlx::query("SELECT COUNT(*) FROM revisions WHERE digest = $1 AND state = 'available'")
+                .bind(&digest)
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
         tx.commit().await?;
         if shared == 0 {
             let d: Digest = digest.parse().map_err(RegistryError::internal)?;
@@ -311,7 +367,21 @@ impl Registry {
         }
         self.notify_change();
         let _ = self.revocations.send((skill.id.clone(), revision));
-        tracing::warn!(workspace, skill = name, revision, reason, "revision revoked");
-        Ok(Revoked { skill: name.into(), skill_id: skill.id, revision, digest, state: "revoked".into(), reason: reason.into(), current_revision })
+        tracing::warn!(
+            workspace,
+            skill = name,
+            revision,
+            reason,
+            "revision revoked"
+        );
+        Ok(Revoked {
+            skill: name.into(),
+            skill_id: skill.id,
+            revision,
+            digest,
+            state: "revoked".into(),
+            reason: reason.into(),
+            current_revision,
+        })
     }
 }

@@ -174,14 +174,28 @@ impl Registry {
 
     /// The instructions (SKILL.md body) of a revision, from memory when hot.
     pub async fn instructions(&self, digest: &Digest, manifest: &Manifest) -> Result<Arc<String>> {
-        if let Some(s) = self.instructions.lock().ok().and_then(|c| c.get(digest).cloned()) {
+        if let Some(s) = self
+            .instructions
+            .lock()
+            .ok()
+            .and_then(|c| c.get(digest).cloned())
+        {
             return Ok(s);
         }
-        let entry = manifest.get(skillbox_package::SKILL_MD).ok_or_else(|| RegistryError::internal("revision without SKILL.md"))?;
-        let tree_file = self.cache.tree_path(digest).join(skillbox_package::SKILL_MD);
+        let entry = manifest
+            .get(skillbox_package::SKILL_MD)
+            .ok_or_else(|| RegistryError::internal("revision without SKILL.md"))?;
+        let tree_file = self
+            .cache
+            .tree_path(digest)
+            .join(skillbox_package::SKILL_MD);
         let bytes = match tokio::fs::read(&tree_file).await {
             Ok(b) => bytes::Bytes::from(b),
-            Err(_) => self.content.get_blob(&entry.sha256).await?.ok_or_else(|| RegistryError::internal("SKILL.md blob missing"))?,
+            Err(_) => self
+                .content
+                .get_blob(&entry.sha256)
+                .await?
+                .ok_or_else(|| RegistryError::internal("SKILL.md blob missing"))?,
         };
         let parsed = skillbox_package::frontmatter::parse_skill_md(&bytes, usize::MAX);
         let body = Arc::new(parsed.skill.map(|s| s.body).unwrap_or_default());

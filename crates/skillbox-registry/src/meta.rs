@@ -432,7 +432,11 @@ impl MetaStore {
     /// The commit of a publication: one transaction that creates the skill if needed, moves
     /// the pointer from `base_revision` by compare-and-swap, inserts the revision and appends
     /// the event. Content must be durable before this is called.
-    pub async fn commit_revision(&self, n: &NewRevision<'_>, present: PresenceCheck<'_>) -> Result<CommitOutcome> {
+    pub async fn commit_revision(
+        &self,
+        n: &NewRevision<'_>,
+        present: PresenceCheck<'_>,
+    ) -> Result<CommitOutcome> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
         // Content deletions happen under the same write lock (see gc.rs): checked here, the
@@ -763,7 +767,12 @@ impl MetaStore {
     }
 
     /// Records a draft file; false (nothing written) when `present` says its blob vanished.
-    pub async fn put_draft_file(&self, id: &str, f: &DraftFile, present: PresenceCheck<'_>) -> Result<bool> {
+    pub async fn put_draft_file(
+        &self,
+        id: &str,
+        f: &DraftFile,
+        present: PresenceCheck<'_>,
+    ) -> Result<bool> {
         let mut tx = self.write_tx().await?;
         if !present() {
             tx.rollback().await?;

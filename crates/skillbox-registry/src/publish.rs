@@ -153,7 +153,8 @@ impl Registry {
             });
         }
 
-        let frontmatter = serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
+        let frontmatter =
+            serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
         let blob_hashes: Vec<_> = pkg.manifest.entries().iter().map(|e| e.sha256).collect();
         let tree = self.cache.tree_path(&pkg.digest);
         let present = {
@@ -185,18 +186,29 @@ impl Registry {
                 // staging (still ours) and commit again.
                 CommitOutcome::ContentMissing if attempts < 5 => continue,
                 CommitOutcome::ContentMissing => {
-                    return Err(RegistryError::Internal("content kept vanishing during publication; retry".into()));
+                    return Err(RegistryError::Internal(
+                        "content kept vanishing during publication; retry".into(),
+                    ));
                 }
                 CommitOutcome::Created { skill, revision } => {
                     self.notify_change();
-                    tracing::info!(workspace, skill = name, revision = revision.revision, digest, "published");
+                    tracing::info!(
+                        workspace,
+                        skill = name,
+                        revision = revision.revision,
+                        digest,
+                        "published"
+                    );
                     return Ok(Published::from_rows(&skill, &revision, pkg.warnings, false));
                 }
                 CommitOutcome::Replayed { skill, revision } => {
                     return Ok(Published::from_rows(&skill, &revision, pkg.warnings, true));
                 }
                 CommitOutcome::Conflict { current_revision } => {
-                    return Err(RegistryError::RevisionConflict { current_revision, base_revision });
+                    return Err(RegistryError::RevisionConflict {
+                        current_revision,
+                        base_revision,
+                    });
                 }
             }
         }
@@ -204,12 +216,29 @@ impl Registry {
 
     /// Content first: blobs, manifest, revision-cache tree; then one sync for all of it.
     async fn store_content(&self, pkg: &Package) -> Result<()> {
-        let blobs = pkg.manifest.entries().iter().map(|e| (e.sha256, pkg.root.join(&e.path))).collect();
+        let blobs = pkg
+            .manifest
+            .entries()
+            .iter()
+            .map(|e| (e.sha256, pkg.root.join(&e.path)))
+            .collect();
         self.content.put_blob_files(blobs).await?;
-        self.content.put_manifest(pkg.manifest.encode().into()).await?;
-        let (cache, content, manifest, d) = (self.cache.clone(), self.content.clone(), pkg.manifest.clone(), pkg.digest);
+        self.content
+            .put_manifest(pkg.manifest.encode().into())
+            .await?;
+        let (cache, content, manifest, d) = (
+            self.cache.clone(),
+            self.content.clone(),
+            pkg.manifest.clone(),
+            pkg.digest,
+        );
         let rt = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || cache.ensure(&d, &manifest, &content, &rt)).await.map_err(RegistryError::internal)??;
+        let root = pkg.root.clone();
+        tokio::task::spawn_blocking(move || {
+            cache.ensure(&d, &manifest, Some(&root), &content, &rt)
+        })
+        .await
+        .map_err(RegistryError::internal)??;
         self.content.sync().await
     }
 

@@ -7,10 +7,10 @@
 //! (`UPDATE … SET state = state … RETURNING`) so a concurrent collection or revocation is
 //! ordered before or after the activation, never interleaved with it.
 
+use crate::Registry;
 use crate::error::{RegistryError, Result};
 use crate::meta::{new_id, now_ms};
 use crate::reads::FileContent;
-use crate::Registry;
 use serde::Serialize;
 use skillbox_package::{Digest, FileEntry};
 use sqlx::Row;
@@ -73,7 +73,13 @@ async fn run_row(tx: &mut crate::meta::Tx, workspace: &str, id: &str) -> Result<
         .await?;
     row.map(|r| {
         let ri: i64 = r.try_get(3)?;
-        Ok(RunRow { state: r.try_get(0)?, ttl_ms: r.try_get(1)?, expires_at: r.try_get(2)?, require_immutable: ri != 0, created_at: r.try_get(4)? })
+        Ok(RunRow {
+            state: r.try_get(0)?,
+            ttl_ms: r.try_get(1)?,
+            expires_at: r.try_get(2)?,
+            require_immutable: ri != 0,
+            created_at: r.try_get(4)?,
+        })
     })
     .transpose()
 }
@@ -84,18 +90,32 @@ fn run_state_error(id: &str, state: &str) -> RegistryError {
 
 /// The run's state as of `now` (a lapsed lease reads as `expired` before the sweep marks it).
 fn effective_state(r: &RunRow, now: i64) -> &str {
-    if r.state == "active" && r.expires_at <= now { "expired" } else { &r.state }
+    if r.state == "active" && r.expires_at <= now {
+        "expired"
+    } else {
+        &r.state
+    }
 }
 
 impl Registry {
     /// Creates a run authorized for `skills` (default: every active skill of the workspace).
-    pub async fn create_run(&self, workspace: &str, skills: Option<Vec<String>>, ttl_seconds: Option<u64>, require_immutable: bool) -> Result<RunView> {
+    pub async fn create_run(
+        &self,
+        workspace: &str,
+        skills: Option<Vec<String>>,
+        ttl_seconds: Option<u64>,
+        require_immutable: bool,
+    ) -> Result<RunView> {
         if !skillbox_package::is_valid_name(workspace) {
-            return Err(RegistryError::BadRequest(format!("invalid workspace name {workspace:?}")));
+            return Err(RegistryError::BadRequest(format!(
+                "invalid workspace name {workspace:?}"
+            )));
         }
         let ttl = ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
         if ttl == 0 || ttl > MAX_TTL_SECONDS {
-            return Err(RegistryError::BadRequest(format!("ttl_seconds must be between 1 and {MAX_TTL_SECONDS}")));
+            return Err(RegistryError::BadRequest(format!(
+                "ttl_seconds must be between 1 and {MAX_TTL_SECONDS}"
+            )));
         }
         let mut authorized = Vec::new();
         match skills {
@@ -109,9 +129,15 @@ impl Registry {
                     match self.meta.active_skill(workspace, &name).await? {
                         Some(s) => authorized.push((s.name, s.id)),
                         None if self.meta.deleted_skill(workspace, &name).await?.is_some() => {
-                            return Err(RegistryError::SkillDeleted(format!("skill {name:?} is deleted; new runs cannot use it")));
+                            return Err(RegistryError::SkillDeleted(format!(
+                                "skill {name:?} is deleted; new runs cannot use it"
+                            )));
                         }
-                        None => return Err(RegistryError::NotFound(format!("no skill {name:?} in workspace {workspace:?}"))),
+                        None => {
+                            return Err(RegistryError::NotFound(format!(
+                                "no skill {name:?} in workspace {workspace:?}"
+                            )));
+                        }
                     }
                 }
             }
@@ -132,12 +158,14 @@ impl Registry {
             .execute(&mut *tx)
             .await?;
         for (name, skill_id) in &authorized {
-            sqlx::query("INSERT INTO run_skills (run_id, skill_name, skill_id) VALUES ($1, $2, $3)")
-                .bind(&id)
-                .bind(name)
-                .bind(skill_id)
-                .execute(&mut *tx)
-                .await?;
+            sqlx::query(
+                "INSERT INTO run_skills (run_id, skill_name, skill_id) VALUES ($1, $2, $3)",
+            )
+            .bind(&id)
+            .bind(name)
+            .bind(skill_id)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         self.run(workspace, &id).await
@@ -146,8 +174,14 @@ impl Registry {
     /// A run with its activations.
     pub async fn run(&self, workspace: &str, id: &str) -> Result<RunView> {
         let mut tx = self.meta.pool().begin().await?;
-        let r = run_row(&mut tx, workspace, id).await?.ok_or_else(|| RegistryError::NotFound(format!("no run {id:?} in workspace {workspace:?}")))?;
-        let names = sqlx::query("SELECT skill_name FROM run_skills WHERE run_id = $1 ORDER BY skill_name").bind(id).fetch_all(&mut *tx).await?;
+        let r = run_row(&mut tx, workspace, id).await?.ok_or_else(|| {
+            RegistryError::NotFound(format!("no run {id:?} in workspace {workspace:?}"))
+        })?;
+        let names =
+            sqlx::query("SELECT skill_name FROM run_skills WHERE run_id = $1 ORDER BY skill_name")
+                .bind(id)
+                .fetch_all(&mut *tx)
+                .await?;
         let pins = sqlx::query("SELECT skill_name, skill_id, revision, digest, activated_at FROM pins WHERE run_id = $1 ORDER BY activated_at, skill_name")
             .bind(id)
             .fetch_all(&mut *tx)
@@ -156,7 +190,10 @@ impl Registry {
         Ok(RunView {
             run_id: id.to_string(),
             state: effective_state(&r, now_ms()).to_string(),
-            authorized_skills: names.iter().map(|n| n.try_get(0)).collect::<Result<_, _>>()?,
+            authorized_skills: names
+                .iter()
+                .map(|n| n.try_get(0))
+                .collect::<Result<_, _>>()?,
             expires_at: r.expires_at,
             ttl_seconds: r.ttl_ms / 1000,
             require_immutable: r.require_immutable,
@@ -164,7 +201,13 @@ impl Registry {
             activations: pins
                 .iter()
                 .map(|p| {
-                    Ok(Pin { skill: p.try_get(0)?, skill_id: p.try_get(1)?, revision: p.try_get(2)?, digest: p.try_get(3)?, activated_at: p.try_get(4)? })
+                    Ok(Pin {
+                        skill: p.try_get(0)?,
+                        skill_id: p.try_get(1)?,
+                        revision: p.try_get(2)?,
+                        digest: p.try_get(3)?,
+                        activated_at: p.try_get(4)?,
+                    })
                 })
                 .collect::<Result<_>>()?,
         })
@@ -185,43 +228,70 @@ impl Registry {
     }
 
     /// Activation: pins the skill's current (or the requested) revision to the run, once.
-    pub async fn activate(&self, workspace: &str, run_id: &str, skill: &str, requested: Option<i64>) -> Result<Activation> {
+    pub async fn activate(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        requested: Option<i64>,
+    ) -> Result<Activation> {
         let now = now_ms();
         let mut tx = self.meta.write_tx().await?;
-        let run = run_row(&mut tx, workspace, run_id).await?.ok_or_else(|| RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}")))?;
+        let run = run_row(&mut tx, workspace, run_id).await?.ok_or_else(|| {
+            RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
+        })?;
         let state = effective_state(&run, now);
         if state != "active" {
             return Err(run_state_error(run_id, state));
         }
-        let skill_id: String = sqlx::query("SELECT skill_id FROM run_skills WHERE run_id = $1 AND skill_name = $2")
-            .bind(run_id)
-            .bind(skill)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.try_get(0))
-            .transpose()?
-            .ok_or_else(|| RegistryError::SkillNotAuthorized(format!("skill {skill:?} is not in this run's authorized set")))?;
-        let existing = sqlx::query("SELECT revision, digest FROM pins WHERE run_id = $1 AND skill_id = $2")
-            .bind(run_id)
-            .bind(&skill_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let skill_id: String =
+            sqlx::query("SELECT skill_id FROM run_skills WHERE run_id = $1 AND skill_name = $2")
+                .bind(run_id)
+                .bind(skill)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?
+                .ok_or_else(|| {
+                    RegistryError::SkillNotAuthorized(format!(
+                        "skill {skill:?} is not in this run's authorized set"
+                    ))
+                })?;
+        let existing =
+            sqlx::query("SELECT revision, digest FROM pins WHERE run_id = $1 AND skill_id = $2")
+                .bind(run_id)
+                .bind(&skill_id)
+                .fetch_optional(&mut *tx)
+                .await?;
         let (revision, digest) = if let Some(pin) = existing {
             let (revision, digest): (i64, String) = (pin.try_get(0)?, pin.try_get(1)?);
             if let Some(req) = requested.filter(|r| *r != revision) {
-                return Err(RegistryError::ActivationConflict { skill: skill.to_string(), pinned_revision: revision, requested_revision: req });
+                return Err(RegistryError::ActivationConflict {
+                    skill: skill.to_string(),
+                    pinned_revision: revision,
+                    requested_revision: req,
+                });
             }
             tx.commit().await?;
             (revision, digest)
         } else {
-            let srow = sqlx::query("SELECT state, current_revision FROM skills WHERE id = $1").bind(&skill_id).fetch_one(&mut *tx).await?;
+            let srow = sqlx::query("SELECT state, current_revision FROM skills WHERE id = $1")
+                .bind(&skill_id)
+                .fetch_one(&mut *tx)
+                .await?;
             let (sstate, current): (String, i64) = (srow.try_get(0)?, srow.try_get(1)?);
             if sstate != "active" {
-                return Err(RegistryError::SkillDeleted(format!("skill {skill:?} was deleted; it cannot be activated in new work")));
+                return Err(RegistryError::SkillDeleted(format!(
+                    "skill {skill:?} was deleted; it cannot be activated in new work"
+                )));
             }
             let target = match requested {
                 Some(r) => r,
-                None if current == 0 => return Err(RegistryError::NotFound(format!("skill {skill:?} has no current revision"))),
+                None if current == 0 => {
+                    return Err(RegistryError::NotFound(format!(
+                        "skill {skill:?} has no current revision"
+                    )));
+                }
                 None => current,
             };
             // Locks the revision row: collection and revocation serialize with this pin.
@@ -231,17 +301,25 @@ impl Registry {
                 .fetch_optional(&mut *tx)
                 .await?;
             let Some(locked) = locked else {
-                let st: Option<String> = sqlx::query("SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2")
-                    .bind(&skill_id)
-                    .bind(target)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .map(|r| r.try_get(0))
-                    .transpose()?;
+                let st: Option<String> = sqlx::query(
+                    "SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2",
+                )
+                .bind(&skill_id)
+                .bind(target)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?;
                 return Err(match st.as_deref() {
-                    Some("revoked") => RegistryError::RevisionRevoked(format!("revision {target} of {skill:?} is revoked")),
-                    Some(other) => RegistryError::NotFound(format!("revision {target} of {skill:?} is {other}")),
-                    None => RegistryError::NotFound(format!("skill {skill:?} has no revision {target}")),
+                    Some("revoked") => RegistryError::RevisionRevoked(format!(
+                        "revision {target} of {skill:?} is revoked"
+                    )),
+                    Some(other) => RegistryError::NotFound(format!(
+                        "revision {target} of {skill:?} is {other}"
+                    )),
+                    None => {
+                        RegistryError::NotFound(format!("skill {skill:?} has no revision {target}"))
+                    }
                 });
             };
             let digest: String = locked.try_get(0)?;
@@ -254,11 +332,17 @@ impl Registry {
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1").bind(run_id).bind(now + run.ttl_ms).execute(&mut *tx).await?;
+            sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1")
+                .bind(run_id)
+                .bind(now + run.ttl_ms)
+                .execute(&mut *tx)
+                .await?;
             tx.commit().await?;
             (target, digest)
         };
-        let (rev_row, manifest, instructions) = self.pinned_content(skill, &skill_id, revision, &digest).await?;
+        let (rev_row, manifest, instructions) = self
+            .pinned_content(skill, &skill_id, revision, &digest)
+            .await?;
         self.touch_lease(run_id, run.ttl_ms, run.expires_at).await?;
         Ok(Activation {
             skill: skill.to_string(),
@@ -273,9 +357,28 @@ impl Registry {
     }
 
     /// The pinned revision's row, manifest and instructions, or why they are unavailable.
-    async fn pinned_content(&self, skill: &str, skill_id: &str, revision: i64, digest: &str) -> Result<(crate::meta::RevisionRow, Arc<skillbox_package::Manifest>, Arc<String>)> {
-        let unavailable = |reason: String| RegistryError::PinnedRevisionUnavailable { skill: skill.to_string(), skill_id: skill_id.to_string(), revision, reason };
-        let row = self.meta.revision(skill_id, revision).await?.ok_or_else(|| unavailable("the revision no longer exists".into()))?;
+    async fn pinned_content(
+        &self,
+        skill: &str,
+        skill_id: &str,
+        revision: i64,
+        digest: &str,
+    ) -> Result<(
+        crate::meta::RevisionRow,
+        Arc<skillbox_package::Manifest>,
+        Arc<String>,
+    )> {
+        let unavailable = |reason: String| RegistryError::PinnedRevisionUnavailable {
+            skill: skill.to_string(),
+            skill_id: skill_id.to_string(),
+            revision,
+            reason,
+        };
+        let row = self
+            .meta
+            .revision(skill_id, revision)
+            .await?
+            .ok_or_else(|| unavailable("the revision no longer exists".into()))?;
         match row.state.as_str() {
             "available" => {}
             "revoked" => {
@@ -287,13 +390,25 @@ impl Registry {
             other => return Err(unavailable(format!("it was {other}"))),
         }
         let d: Digest = digest.parse().map_err(RegistryError::internal)?;
-        let manifest = self.manifest(&d).await.map_err(|e| unavailable(format!("its manifest cannot be loaded ({e})")))?;
-        let instructions = self.instructions(&d, &manifest).await.map_err(|e| unavailable(format!("its SKILL.md cannot be read ({e})")))?;
+        let manifest = self
+            .manifest(&d)
+            .await
+            .map_err(|e| unavailable(format!("its manifest cannot be loaded ({e})")))?;
+        let instructions = self
+            .instructions(&d, &manifest)
+            .await
+            .map_err(|e| unavailable(format!("its SKILL.md cannot be read ({e})")))?;
         Ok((row, manifest, instructions))
     }
 
     /// A file of the run's pinned revision of `skill`: no re-resolution, no rescanning.
-    pub async fn pinned_file(&self, workspace: &str, run_id: &str, skill: &str, path: &str) -> Result<(FileEntry, FileContent)> {
+    pub async fn pinned_file(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        path: &str,
+    ) -> Result<(FileEntry, FileContent)> {
         let row = sqlx::query(
             "SELECT r.state, r.expires_at, r.ttl_ms, p.skill_id, p.revision, p.digest, v.state, v.state_reason
              FROM runs r
@@ -312,16 +427,30 @@ impl Registry {
         let ttl_ms: i64 = row.try_get(2)?;
         let now = now_ms();
         if rstate != "active" || expires_at <= now {
-            return Err(run_state_error(run_id, if rstate == "active" { "expired" } else { &rstate }));
+            return Err(run_state_error(
+                run_id,
+                if rstate == "active" {
+                    "expired"
+                } else {
+                    &rstate
+                },
+            ));
         }
         let skill_id: Option<String> = row.try_get(3)?;
         let Some(skill_id) = skill_id else {
-            return Err(RegistryError::NotActivated(format!("skill {skill:?} is not activated in run {run_id}; activate it first")));
+            return Err(RegistryError::NotActivated(format!(
+                "skill {skill:?} is not activated in run {run_id}; activate it first"
+            )));
         };
         let revision: i64 = row.try_get(4)?;
         let digest: String = row.try_get(5)?;
         let vstate: Option<String> = row.try_get(6)?;
-        let unavailable = |reason: &str| RegistryError::PinnedRevisionUnavailable { skill: skill.to_string(), skill_id: skill_id.clone(), revision, reason: reason.to_string() };
+        let unavailable = |reason: &str| RegistryError::PinnedRevisionUnavailable {
+            skill: skill.to_string(),
+            skill_id: skill_id.clone(),
+            revision,
+            reason: reason.to_string(),
+        };
         match vstate.as_deref() {
             Some("available") => {}
             Some("revoked") => {
@@ -335,11 +464,15 @@ impl Registry {
             None => return Err(unavailable("the revision no longer exists")),
         }
         let d: Digest = digest.parse().map_err(RegistryError::internal)?;
-        let manifest = self.manifest(&d).await.map_err(|_| unavailable("its manifest is missing from the content store"))?;
-        let entry = manifest
-            .get(path)
-            .cloned()
-            .ok_or_else(|| RegistryError::NotFound(format!("revision {revision} of {skill:?} has no file {path:?}")))?;
+        let manifest = self
+            .manifest(&d)
+            .await
+            .map_err(|_| unavailable("its manifest is missing from the content store"))?;
+        let entry = manifest.get(path).cloned().ok_or_else(|| {
+            RegistryError::NotFound(format!(
+                "revision {revision} of {skill:?} has no file {path:?}"
+            ))
+        })?;
         self.touch_lease(run_id, ttl_ms, expires_at).await?;
         let on_disk = self.cache.tree_path(&d).join(&entry.path);
         if on_disk.is_file() {
@@ -354,34 +487,51 @@ impl Registry {
     /// The authorized skills' index for a system prompt, ordered by name. A pinned skill shows
     /// its pinned revision's description; others their current one; deleted unpinned skills
     /// are left out (they cannot be activated).
-    pub async fn prompt(&self, workspace: &str, run_id: &str) -> Result<(String, Vec<(String, String)>)> {
+    pub async fn prompt(
+        &self,
+        workspace: &str,
+        run_id: &str,
+    ) -> Result<(String, Vec<(String, String)>)> {
         let view = self.run(workspace, run_id).await?;
         if view.state != "active" {
             return Err(run_state_error(run_id, &view.state));
         }
         let mut entries = Vec::new();
-        let ids = sqlx::query("SELECT skill_name, skill_id FROM run_skills WHERE run_id = $1 ORDER BY skill_name")
-            .bind(run_id)
-            .fetch_all(self.meta.pool())
-            .await?;
+        let ids = sqlx::query(
+            "SELECT skill_name, skill_id FROM run_skills WHERE run_id = $1 ORDER BY skill_name",
+        )
+        .bind(run_id)
+        .fetch_all(self.meta.pool())
+        .await?;
         for r in ids {
             let (name, id): (String, String) = (r.try_get(0)?, r.try_get(1)?);
             let revision = match view.activations.iter().find(|p| p.skill_id == id) {
                 Some(p) => Some(p.revision),
                 None => match self.meta.skill_by_id(&id).await? {
-                    Some(s) if s.state == "active" && s.current_revision > 0 => Some(s.current_revision),
+                    Some(s) if s.state == "active" && s.current_revision > 0 => {
+                        Some(s.current_revision)
+                    }
                     _ => None,
                 },
             };
             let Some(revision) = revision else { continue };
             if let Some(row) = self.meta.revision(&id, revision).await? {
-                let desc = row.frontmatter.get("description").and_then(|d| d.as_str()).unwrap_or("").to_string();
+                let desc = row
+                    .frontmatter
+                    .get("description")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("")
+                    .to_string();
                 entries.push((name, desc));
             }
         }
         let mut text = String::from("<available_skills>\n");
         for (name, desc) in &entries {
-            text.push_str(&format!("<skill>\n<name>{}</name>\n<description>{}</description>\n</skill>\n", xml_escape(name), xml_escape(desc)));
+            text.push_str(&format!(
+                "<skill>\n<name>{}</name>\n<description>{}</description>\n</skill>\n",
+                xml_escape(name),
+                xml_escape(desc)
+            ));
         }
         text.push_str("</available_skills>\n");
         Ok((text, entries))

@@ -63,11 +63,20 @@ pub fn routes() -> Router<SharedState> {
             post(publish_draft),
         )
         .route("/v1/workspaces/{ws}/events", get(events))
-        .route("/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke", post(revoke))
+        .route(
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke",
+            post(revoke),
+        )
         .route("/v1/workspaces/{ws}/runs", post(create_run))
-        .route("/v1/workspaces/{ws}/runs/{run}", get(run_detail).delete(finish_run))
+        .route(
+            "/v1/workspaces/{ws}/runs/{run}",
+            get(run_detail).delete(finish_run),
+        )
         .route("/v1/workspaces/{ws}/runs/{run}/activations", post(activate))
-        .route("/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}", get(pinned_file))
+        .route(
+            "/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}",
+            get(pinned_file),
+        )
         .route("/v1/workspaces/{ws}/runs/{run}/heartbeat", post(heartbeat))
         .route("/v1/workspaces/{ws}/runs/{run}/prompt", get(prompt))
         .route("/v1/workspaces/{ws}/runs/{run}/exec", post(exec))
@@ -758,8 +767,13 @@ async fn revoke(
     if body.reason.trim().is_empty() {
         return Err(ApiError::bad_request("a revocation needs a reason"));
     }
-    let r = s.registry.revoke(&ws, &name, revision, &body.reason).await?;
-    Ok(Json(serde_json::to_value(r).map_err(|e| ApiError::internal(e.to_string()))?))
+    let r = s
+        .registry
+        .revoke(&ws, &name, revision, &body.reason)
+        .await?;
+    Ok(Json(
+        serde_json::to_value(r).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }
 
 // ---------- runs ----------
@@ -780,26 +794,50 @@ async fn create_run(
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let run = s.registry.create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable).await?;
-    Ok((StatusCode::CREATED, Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?)))
+    let run = s
+        .registry
+        .create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?),
+    ))
 }
 
-async fn run_detail(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn run_detail(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let run = s.registry.run(&ws, &run).await?;
-    Ok(Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?))
+    Ok(Json(
+        serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }
 
-async fn finish_run(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn finish_run(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let run = s.registry.finish_run(&ws, &run).await?;
-    Ok(Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?))
+    Ok(Json(
+        serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }
 
-async fn heartbeat(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn heartbeat(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let run = s.registry.heartbeat(&ws, &run).await?;
-    Ok(Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?))
+    Ok(Json(
+        serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -815,8 +853,13 @@ async fn activate(
     Json(body): Json<ActivateBody>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
-    let a = s.registry.activate(&ws, &run, &body.skill, body.revision).await?;
-    Ok(Json(serde_json::to_value(a).map_err(|e| ApiError::internal(e.to_string()))?))
+    let a = s
+        .registry
+        .activate(&ws, &run, &body.skill, body.revision)
+        .await?;
+    Ok(Json(
+        serde_json::to_value(a).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }
 
 async fn pinned_file(
@@ -829,24 +872,40 @@ async fn pinned_file(
     file_response(&headers, &entry, content).await
 }
 
-async fn prompt(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn prompt(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let (text, skills) = s.registry.prompt(&ws, &run).await?;
-    let skills: Vec<Value> = skills.into_iter().map(|(name, description)| json!({"name": name, "description": description})).collect();
+    let skills: Vec<Value> = skills
+        .into_iter()
+        .map(|(name, description)| json!({"name": name, "description": description}))
+        .collect();
     Ok(Json(json!({"prompt": text, "skills": skills})))
 }
 
 /// Execution needs the box, which this build does not have yet.
-async fn exec(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn exec(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     s.registry.run(&ws, &run).await?;
     Err(skillbox_registry::RegistryError::BoxUnavailable(
-        "no sandbox backend is running (--box none): activation and reads work, execution does not".into(),
+        "no sandbox backend is running (--box none): activation and reads work, execution does not"
+            .into(),
     )
     .into())
 }
 
-async fn run_draft(State(s): State<SharedState>, Path((ws, run)): Path<(String, String)>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+async fn run_draft(
+    State(s): State<SharedState>,
+    Path((ws, run)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     s.registry.run(&ws, &run).await?;
     Err(skillbox_registry::RegistryError::BoxUnavailable(
@@ -864,10 +923,17 @@ struct GcBody {
     grace_seconds: Option<u64>,
 }
 
-async fn gc(State(s): State<SharedState>, headers: HeaderMap, body: Option<Json<GcBody>>) -> ApiResult<Json<Value>> {
+async fn gc(
+    State(s): State<SharedState>,
+    headers: HeaderMap,
+    body: Option<Json<GcBody>>,
+) -> ApiResult<Json<Value>> {
     authorize_server_admin(&s, &headers).await?;
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let grace = std::time::Duration::from_secs(body.grace_seconds.unwrap_or(s.cfg.gc_grace.as_secs()));
+    let grace =
+        std::time::Duration::from_secs(body.grace_seconds.unwrap_or(s.cfg.gc_grace.as_secs()));
     let report = s.registry.gc(body.dry_run, grace).await?;
-    Ok(Json(serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?))
+    Ok(Json(
+        serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
 }

@@ -66,11 +66,22 @@ impl From<RegistryError> for ApiError {
             ),
             RegistryError::SkillNotAuthorized(_) => (StatusCode::FORBIDDEN, None),
             RegistryError::NotActivated(_) => (StatusCode::NOT_FOUND, None),
-            RegistryError::ActivationConflict { pinned_revision, requested_revision, .. } => (
+            RegistryError::ActivationConflict {
+                pinned_revision,
+                requested_revision,
+                ..
+            } => (
                 StatusCode::CONFLICT,
-                Some(json!({"pinned_revision": pinned_revision, "requested_revision": requested_revision})),
+                Some(
+                    json!({"pinned_revision": pinned_revision, "requested_revision": requested_revision}),
+                ),
             ),
-            RegistryError::PinnedRevisionUnavailable { skill, skill_id, revision, .. } => (
+            RegistryError::PinnedRevisionUnavailable {
+                skill,
+                skill_id,
+                revision,
+                ..
+            } => (
                 StatusCode::GONE,
                 Some(json!({"skill": skill, "skill_id": skill_id, "revision": revision})),
             ),

@@ -152,7 +152,11 @@ pub enum RunCommand {
         revision: Option<i64>,
     },
     /// Print a file of the run's pinned revision of SKILL.
-    Read { run: String, skill: String, path: String },
+    Read {
+        run: String,
+        skill: String,
+        path: String,
+    },
     /// Print the run's <available_skills> prompt index.
     Prompt { run: String },
     /// Extend the run's lease.
@@ -403,29 +407,62 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         ClientCommand::Events { after, follow } => events(&c, after, follow, j).await?,
         ClientCommand::Run(r) => run_cmd(&c, r, j).await?,
         ClientCommand::Revoke { spec, reason } => {
-            let (name, rev) = spec.split_once('@').ok_or_else(|| anyhow!("use NAME@REV"))?;
+            let (name, rev) = spec
+                .split_once('@')
+                .ok_or_else(|| anyhow!("use NAME@REV"))?;
             let v: Value = c
-                .send(c.req(reqwest::Method::POST, c.ws_url(&format!("skills/{name}/revisions/{rev}/revoke"))).json(&json!({"reason": reason})))
+                .send(
+                    c.req(
+                        reqwest::Method::POST,
+                        c.ws_url(&format!("skills/{name}/revisions/{rev}/revoke")),
+                    )
+                    .json(&json!({"reason": reason})),
+                )
                 .await?
                 .json()
                 .await?;
-            print(j, &v, || format!("revoked {name}@r{}; current revision is now r{}", v["revision"], v["current_revision"]));
+            print(j, &v, || {
+                format!(
+                    "revoked {name}@r{}; current revision is now r{}",
+                    v["revision"], v["current_revision"]
+                )
+            });
         }
         ClientCommand::Gc { dry_run, grace } => {
             let mut body = json!({"dry_run": dry_run});
             if let Some(g) = grace {
                 body["grace_seconds"] = json!(g);
             }
-            let v: Value = c.send(c.req(reqwest::Method::POST, c.url("/v1/admin/gc")).json(&body)).await?.json().await?;
+            let v: Value = c
+                .send(
+                    c.req(reqwest::Method::POST, c.url("/v1/admin/gc"))
+                        .json(&body),
+                )
+                .await?
+                .json()
+                .await?;
             print(j, &v, || {
                 let mut s = format!(
                     "{}{} revisions, {} trees, {} manifests, {} blobs, {} bytes freed",
-                    if dry_run { "would collect: " } else { "collected: " },
+                    if dry_run {
+                        "would collect: "
+                    } else {
+                        "collected: "
+                    },
                     v["revisions"].as_array().map(|a| a.len()).unwrap_or(0),
-                    v["trees_removed"], v["manifests_removed"], v["blobs_removed"], v["bytes_freed"]
+                    v["trees_removed"],
+                    v["manifests_removed"],
+                    v["blobs_removed"],
+                    v["bytes_freed"]
                 );
                 for r in v["revisions"].as_array().into_iter().flatten() {
-                    s.push_str(&format!("\n  {}/{}@r{} {}", r["workspace"].as_str().unwrap_or(""), r["skill"].as_str().unwrap_or(""), r["revision"], r["digest"].as_str().unwrap_or("")));
+                    s.push_str(&format!(
+                        "\n  {}/{}@r{} {}",
+                        r["workspace"].as_str().unwrap_or(""),
+                        r["skill"].as_str().unwrap_or(""),
+                        r["revision"],
+                        r["digest"].as_str().unwrap_or("")
+                    ));
                 }
                 s
             });
@@ -825,7 +862,11 @@ async fn events(c: &Client, after: i64, follow: bool, j: bool) -> anyhow::Result
 async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
     use reqwest::Method as M;
     match r {
-        RunCommand::Create { skills, ttl, require_immutable } => {
+        RunCommand::Create {
+            skills,
+            ttl,
+            require_immutable,
+        } => {
             let mut body = json!({"require_immutable": require_immutable});
             if !skills.is_empty() {
                 body["skills"] = json!(skills);
@@ -833,50 +874,105 @@ async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
             if let Some(t) = ttl {
                 body["ttl_seconds"] = json!(t);
             }
-            let v: Value = c.send(c.req(M::POST, c.ws_url("runs")).json(&body)).await?.json().await?;
+            let v: Value = c
+                .send(c.req(M::POST, c.ws_url("runs")).json(&body))
+                .await?
+                .json()
+                .await?;
             print(j, &v, || v["run_id"].as_str().unwrap_or("").to_string());
         }
         RunCommand::Show { run } => {
             let v = c.get_json(c.ws_url(&format!("runs/{run}"))).await?;
-            print(j, &v, || serde_json::to_string_pretty(&v).unwrap_or_default());
+            print(j, &v, || {
+                serde_json::to_string_pretty(&v).unwrap_or_default()
+            });
         }
-        RunCommand::Activate { run, skill, revision } => {
+        RunCommand::Activate {
+            run,
+            skill,
+            revision,
+        } => {
             let v: Value = c
-                .send(c.req(M::POST, c.ws_url(&format!("runs/{run}/activations"))).json(&json!({"skill": skill, "revision": revision})))
+                .send(
+                    c.req(M::POST, c.ws_url(&format!("runs/{run}/activations")))
+                        .json(&json!({"skill": skill, "revision": revision})),
+                )
                 .await?
                 .json()
                 .await?;
             print(j, &v, || {
                 format!(
                     "{}@r{} {} mounted at {}\n\n{}",
-                    v["skill"].as_str().unwrap_or(""), v["revision"], v["digest"].as_str().unwrap_or(""),
-                    v["mount_path"].as_str().unwrap_or(""), v["instructions"].as_str().unwrap_or("")
+                    v["skill"].as_str().unwrap_or(""),
+                    v["revision"],
+                    v["digest"].as_str().unwrap_or(""),
+                    v["mount_path"].as_str().unwrap_or(""),
+                    v["instructions"].as_str().unwrap_or("")
                 )
             });
         }
         RunCommand::Read { run, skill, path } => {
-            let bytes = c.send(c.req(M::GET, c.ws_url(&format!("runs/{run}/skills/{skill}/files/{path}")))).await?.bytes().await?;
+            let bytes = c
+                .send(c.req(
+                    M::GET,
+                    c.ws_url(&format!("runs/{run}/skills/{skill}/files/{path}")),
+                ))
+                .await?
+                .bytes()
+                .await?;
             std::io::stdout().write_all(&bytes)?;
         }
         RunCommand::Prompt { run } => {
             let v = c.get_json(c.ws_url(&format!("runs/{run}/prompt"))).await?;
-            print(j, &v, || v["prompt"].as_str().unwrap_or("").trim_end().to_string());
+            print(j, &v, || {
+                v["prompt"].as_str().unwrap_or("").trim_end().to_string()
+            });
         }
         RunCommand::Heartbeat { run } => {
-            let v: Value = c.send(c.req(M::POST, c.ws_url(&format!("runs/{run}/heartbeat")))).await?.json().await?;
-            print(j, &v, || format!("{} {} until {}", v["run_id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or(""), v["expires_at"]));
-        }
-        RunCommand::Exec { run, skill, argv } => {
             let v: Value = c
-                .send(c.req(M::POST, c.ws_url(&format!("runs/{run}/exec"))).json(&json!({"skill": skill, "argv": argv})))
+                .send(c.req(M::POST, c.ws_url(&format!("runs/{run}/heartbeat"))))
                 .await?
                 .json()
                 .await?;
-            print(j, &v, || format!("{}{}", v["stdout"].as_str().unwrap_or(""), v["stderr"].as_str().unwrap_or("")));
+            print(j, &v, || {
+                format!(
+                    "{} {} until {}",
+                    v["run_id"].as_str().unwrap_or(""),
+                    v["state"].as_str().unwrap_or(""),
+                    v["expires_at"]
+                )
+            });
+        }
+        RunCommand::Exec { run, skill, argv } => {
+            let v: Value = c
+                .send(
+                    c.req(M::POST, c.ws_url(&format!("runs/{run}/exec")))
+                        .json(&json!({"skill": skill, "argv": argv})),
+                )
+                .await?
+                .json()
+                .await?;
+            print(j, &v, || {
+                format!(
+                    "{}{}",
+                    v["stdout"].as_str().unwrap_or(""),
+                    v["stderr"].as_str().unwrap_or("")
+                )
+            });
         }
         RunCommand::Finish { run } => {
-            let v: Value = c.send(c.req(M::DELETE, c.ws_url(&format!("runs/{run}")))).await?.json().await?;
-            print(j, &v, || format!("{} {}", v["run_id"].as_str().unwrap_or(""), v["state"].as_str().unwrap_or("")));
+            let v: Value = c
+                .send(c.req(M::DELETE, c.ws_url(&format!("runs/{run}"))))
+                .await?
+                .json()
+                .await?;
+            print(j, &v, || {
+                format!(
+                    "{} {}",
+                    v["run_id"].as_str().unwrap_or(""),
+                    v["state"].as_str().unwrap_or("")
+                )
+            });
         }
     }
     Ok(())
