@@ -96,12 +96,20 @@ impl Registry {
             return Ok(Some(Principal::ServerAdmin));
         }
         // Lookup by the hash of a 256-bit secret: timing reveals nothing usable about it.
-        Ok(self
-            .meta
-            .token(&token_hash(token))
-            .await?
-            .and_then(|(workspace, role)| {
-                Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
-            }))
+        // Tokens never change once minted, so a hit is cached for the process's lifetime.
+        let hash = token_hash(token);
+        if let Some(p) = self.tokens.lock().ok().and_then(|c| c.get(&hash).cloned()) {
+            return Ok(Some(p));
+        }
+        let principal = self.meta.token(&hash).await?.and_then(|(workspace, role)| {
+            Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
+        });
+        if let (Some(p), Ok(mut c)) = (&principal, self.tokens.lock()) {
+            if c.len() >= 100_000 {
+                c.clear();
+            }
+            c.insert(hash, p.clone());
+        }
+        Ok(principal)
     }
 }

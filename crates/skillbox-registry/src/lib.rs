@@ -67,6 +67,8 @@ pub struct Registry {
     pub(crate) manifests: Mutex<HashMap<Digest, Arc<Manifest>>>,
     /// Every revocation (skill id, revision), for the box to kill executions using it.
     pub(crate) revocations: tokio::sync::broadcast::Sender<(String, i64)>,
+    /// Resolved workspace tokens by hash (immutable once minted).
+    pub(crate) tokens: Mutex<HashMap<String, Principal>>,
     instructions: Mutex<HashMap<Digest, Arc<String>>>,
     /// Bumped after every committed change: wakes event streams.
     changes: tokio::sync::watch::Sender<u64>,
@@ -100,6 +102,7 @@ impl Registry {
             staging,
             manifests: Mutex::new(HashMap::new()),
             revocations,
+            tokens: Mutex::new(HashMap::new()),
             instructions: Mutex::new(HashMap::new()),
             changes,
         }))
