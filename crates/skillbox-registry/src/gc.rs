@@ -147,6 +147,7 @@ impl Registry {
             });
         }
         if !collected.is_empty() && !dry_run {
+            self.pin_cache.bump();
             self.notify_change();
         }
 
@@ -365,6 +366,7 @@ impl Registry {
             let d: Digest = digest.parse().map_err(RegistryError::internal)?;
             self.cache.remove(&d)?;
         }
+        self.pin_cache.bump();
         self.notify_change();
         let _ = self.revocations.send((skill.id.clone(), revision));
         tracing::warn!(

@@ -67,6 +67,7 @@ pub struct Registry {
     pub(crate) manifests: Mutex<HashMap<Digest, Arc<Manifest>>>,
     /// Every revocation (skill id, revision), for the box to kill executions using it.
     pub(crate) revocations: tokio::sync::broadcast::Sender<(String, i64)>,
+    pub(crate) pin_cache: runs::PinCache,
     /// Resolved workspace tokens by hash (immutable once minted).
     pub(crate) tokens: Mutex<HashMap<String, Principal>>,
     instructions: Mutex<HashMap<Digest, Arc<String>>>,
@@ -92,6 +93,10 @@ impl Registry {
             None => format!("sqlite://{}?mode=rwc", data.join("skillbox.db").display()),
         };
         let meta = MetaStore::connect(&url).await?;
+        let pin_cache = runs::PinCache::new(
+            data.join("pin-cache-generation"),
+            meta.dialect() == meta::Dialect::Sqlite,
+        );
         let (changes, _) = tokio::sync::watch::channel(0);
         let (revocations, _) = tokio::sync::broadcast::channel(1024);
         Ok(Arc::new(Registry {
@@ -103,6 +108,7 @@ impl Registry {
             manifests: Mutex::new(HashMap::new()),
             revocations,
             tokens: Mutex::new(HashMap::new()),
+            pin_cache,
             instructions: Mutex::new(HashMap::new()),
             changes,
         }))

@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
 pub const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
+/// Files up to this size are read whole and answered in one write.
+const SMALL_FILE: u64 = 64 * 1024;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Pin {
@@ -221,7 +223,7 @@ impl Registry {
                 .bind(id)
                 .bind(now + ttl_ms)
                 .bind(now)
-                .execute(self.meta.pool())
+                .execute(self.meta.writer())
                 .await?;
         }
         Ok(())
@@ -236,6 +238,23 @@ impl Registry {
         requested: Option<i64>,
     ) -> Result<Activation> {
         let now = now_ms();
+        // Re-activation is the common case and needs no write: answer it from a read.
+        if let Some((skill_id, revision, digest, ttl_ms, expires_at)) =
+            self.existing_pin(workspace, run_id, skill, now).await?
+        {
+            if let Some(req) = requested.filter(|r| *r != revision) {
+                return Err(RegistryError::ActivationConflict {
+                    skill: skill.to_string(),
+                    pinned_revision: revision,
+                    requested_revision: req,
+                });
+            }
+            return self
+                .activation(
+                    skill, skill_id, revision, digest, run_id, ttl_ms, expires_at,
+                )
+                .await;
+        }
         let mut tx = self.meta.write_tx().await?;
         let run = run_row(&mut tx, workspace, run_id).await?.ok_or_else(|| {
             RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
@@ -340,10 +359,65 @@ impl Registry {
             tx.commit().await?;
             (target, digest)
         };
+        self.activation(
+            skill,
+            skill_id,
+            revision,
+            digest,
+            run_id,
+            run.ttl_ms,
+            run.expires_at,
+        )
+        .await
+    }
+
+    /// The pin of `skill` in a live run, read without a write transaction.
+    async fn existing_pin(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        now: i64,
+    ) -> Result<Option<(String, i64, String, i64, i64)>> {
+        let row = sqlx::query(
+            "SELECT p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at FROM runs r
+             JOIN pins p ON p.run_id = r.id AND p.skill_name = $3
+             WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $4",
+        )
+        .bind(run_id)
+        .bind(workspace)
+        .bind(skill)
+        .bind(now)
+        .fetch_optional(self.meta.pool())
+        .await?;
+        row.map(|r| {
+            Ok((
+                r.try_get(0)?,
+                r.try_get(1)?,
+                r.try_get(2)?,
+                r.try_get(3)?,
+                r.try_get(4)?,
+            ))
+        })
+        .transpose()
+    }
+
+    /// The answer to an activation of a pin.
+    #[allow(clippy::too_many_arguments)]
+    async fn activation(
+        &self,
+        skill: &str,
+        skill_id: String,
+        revision: i64,
+        digest: String,
+        run_id: &str,
+        ttl_ms: i64,
+        expires_at: i64,
+    ) -> Result<Activation> {
         let (rev_row, manifest, instructions) = self
             .pinned_content(skill, &skill_id, revision, &digest)
             .await?;
-        self.touch_lease(run_id, run.ttl_ms, run.expires_at).await?;
+        self.touch_lease(run_id, ttl_ms, expires_at).await?;
         Ok(Activation {
             skill: skill.to_string(),
             skill_id: skill_id.clone(),
@@ -409,6 +483,48 @@ impl Registry {
         skill: &str,
         path: &str,
     ) -> Result<(FileEntry, FileContent)> {
+        let now = now_ms();
+        let key = (workspace.to_string(), run_id.to_string(), skill.to_string());
+        let pin = match self.pin_cache.get(&key).filter(|p| p.expires_at > now) {
+            Some(p) => p,
+            None => self.resolve_pin(key.clone(), now).await?,
+        };
+        let entry = pin.manifest.get(path).cloned().ok_or_else(|| {
+            RegistryError::NotFound(format!(
+                "revision {} of {skill:?} has no file {path:?}",
+                pin.revision
+            ))
+        })?;
+        if pin.expires_at - now < pin.ttl_ms / 2 {
+            self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
+            self.pin_cache.forget(&key);
+        }
+        let on_disk = self.cache.tree_path(&pin.digest).join(&entry.path);
+        if entry.size <= SMALL_FILE {
+            // A page-cache read of a few KiB costs less than a hop to the blocking pool.
+            if let Ok(bytes) = std::fs::read(&on_disk) {
+                if bytes.len() as u64 == entry.size {
+                    return Ok((entry, FileContent::Bytes(bytes.into())));
+                }
+            }
+        } else if on_disk.is_file() {
+            return Ok((entry, FileContent::Path(on_disk)));
+        }
+        match self.content.get_blob(&entry.sha256).await? {
+            Some(bytes) => Ok((entry, FileContent::Bytes(bytes))),
+            None => Err(RegistryError::PinnedRevisionUnavailable {
+                skill: skill.to_string(),
+                skill_id: pin.skill_id.clone(),
+                revision: pin.revision,
+                reason: "its content is missing from the store".into(),
+            }),
+        }
+    }
+
+    /// Resolves a pin from the database, checking the run and the revision, and caches it.
+    async fn resolve_pin(&self, key: PinKey, now: i64) -> Result<Arc<CachedPin>> {
+        let (workspace, run_id, skill) = (&key.0, &key.1, &key.2);
+        let generation = self.pin_cache.generation();
         let row = sqlx::query(
             "SELECT r.state, r.expires_at, r.ttl_ms, p.skill_id, p.revision, p.digest, v.state, v.state_reason
              FROM runs r
@@ -425,7 +541,6 @@ impl Registry {
         let rstate: String = row.try_get(0)?;
         let expires_at: i64 = row.try_get(1)?;
         let ttl_ms: i64 = row.try_get(2)?;
-        let now = now_ms();
         if rstate != "active" || expires_at <= now {
             return Err(run_state_error(
                 run_id,
@@ -468,20 +583,16 @@ impl Registry {
             .manifest(&d)
             .await
             .map_err(|_| unavailable("its manifest is missing from the content store"))?;
-        let entry = manifest.get(path).cloned().ok_or_else(|| {
-            RegistryError::NotFound(format!(
-                "revision {revision} of {skill:?} has no file {path:?}"
-            ))
-        })?;
-        self.touch_lease(run_id, ttl_ms, expires_at).await?;
-        let on_disk = self.cache.tree_path(&d).join(&entry.path);
-        if on_disk.is_file() {
-            return Ok((entry, FileContent::Path(on_disk)));
-        }
-        match self.content.get_blob(&entry.sha256).await? {
-            Some(bytes) => Ok((entry, FileContent::Bytes(bytes))),
-            None => Err(unavailable("its content is missing from the store")),
-        }
+        let pin = Arc::new(CachedPin {
+            skill_id,
+            revision,
+            digest: d,
+            expires_at,
+            ttl_ms,
+            manifest,
+        });
+        self.pin_cache.put(key, generation, pin.clone());
+        Ok(pin)
     }
 
     /// The authorized skills' index for a system prompt, ordered by name. A pinned skill shows
@@ -543,7 +654,7 @@ impl Registry {
             .bind(run_id)
             .bind(workspace)
             .bind(now)
-            .fetch_optional(self.meta.pool())
+            .fetch_optional(self.meta.writer())
             .await?;
         if done.is_none() {
             let view = self.run(workspace, run_id).await?;
@@ -554,12 +665,18 @@ impl Registry {
 
     /// Finishes a run: its pins stop being GC roots.
     pub async fn finish_run(&self, workspace: &str, run_id: &str) -> Result<RunView> {
+        let view = self.finish_run_row(workspace, run_id).await;
+        self.pin_cache.bump();
+        view
+    }
+
+    async fn finish_run_row(&self, workspace: &str, run_id: &str) -> Result<RunView> {
         let now = now_ms();
         sqlx::query("UPDATE runs SET state = 'finished', ended_at = $3 WHERE id = $1 AND workspace = $2 AND state = 'active'")
             .bind(run_id)
             .bind(workspace)
             .bind(now)
-            .execute(self.meta.pool())
+            .execute(self.meta.writer())
             .await?;
         self.run(workspace, run_id).await
     }
@@ -569,8 +686,11 @@ impl Registry {
         let now = now_ms();
         let r = sqlx::query("UPDATE runs SET state = 'expired', ended_at = expires_at WHERE state = 'active' AND expires_at <= $1")
             .bind(now)
-            .execute(self.meta.pool())
+            .execute(self.meta.writer())
             .await?;
+        if r.rows_affected() > 0 {
+            self.pin_cache.bump();
+        }
         Ok(r.rows_affected())
     }
 }
@@ -588,4 +708,92 @@ pub fn xml_escape(s: &str) -> String {
         }
     }
     out
+}
+
+/// (workspace, run id, skill name)
+pub(crate) type PinKey = (String, String, String);
+
+/// A resolved pin of a live run on an available revision, as of a cache generation.
+pub(crate) struct CachedPin {
+    skill_id: String,
+    revision: i64,
+    digest: Digest,
+    expires_at: i64,
+    ttl_ms: i64,
+    manifest: Arc<skillbox_package::Manifest>,
+}
+
+/// Resolved pins, valid while the *generation* is unchanged. The generation is the length of
+/// a file in the data directory that every change able to end a pinned read (finish, expiry,
+/// revocation, collection) appends a byte to after committing — shared by every process on
+/// the data directory, read with one `stat` per request. Entries are tagged with the
+/// generation read *before* their database query, so a change racing a fill invalidates it.
+/// With PostgreSQL (servers on several machines) the cache is off: every read asks the
+/// database.
+pub(crate) struct PinCache {
+    path: std::path::PathBuf,
+    enabled: bool,
+    entries: std::sync::Mutex<std::collections::HashMap<PinKey, (u64, Arc<CachedPin>)>>,
+}
+
+impl PinCache {
+    pub(crate) fn new(path: std::path::PathBuf, enabled: bool) -> Self {
+        PinCache {
+            path,
+            enabled,
+            entries: Default::default(),
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn get(&self, key: &PinKey) -> Option<Arc<CachedPin>> {
+        if !self.enabled {
+            return None;
+        }
+        let g = self.generation();
+        let entries = self.entries.lock().ok()?;
+        entries
+            .get(key)
+            .filter(|(eg, _)| *eg == g)
+            .map(|(_, p)| p.clone())
+    }
+
+    fn put(&self, key: PinKey, generation: u64, pin: Arc<CachedPin>) {
+        if !self.enabled || self.generation() != generation {
+            return;
+        }
+        if let Ok(mut e) = self.entries.lock() {
+            if e.len() >= 100_000 {
+                e.clear();
+            }
+            e.insert(key, (generation, pin));
+        }
+    }
+
+    fn forget(&self, key: &PinKey) {
+        if let Ok(mut e) = self.entries.lock() {
+            e.remove(key);
+        }
+    }
+
+    /// Invalidates every cached pin in every process sharing the data directory.
+    pub(crate) fn bump(&self) {
+        use std::io::Write;
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| f.write_all(b"."));
+        if let Err(e) = appended {
+            // Without the bump other processes could serve stale pins: turn caching off here
+            // and say so loudly.
+            tracing::error!(error = %e, path = %self.path.display(), "cannot bump the pin-cache generation");
+            if let Ok(mut e) = self.entries.lock() {
+                e.clear();
+            }
+        }
+    }
 }

@@ -415,7 +415,9 @@ pub(crate) async fn file_response(
         FileContent::Bytes(b) => Body::from(b),
         // Small files go out in one write; large ones stream.
         FileContent::Path(p) if entry.size <= 64 * 1024 => Body::from(
-            tokio::fs::read(&p).await.map_err(|e| ApiError::internal(e.to_string()))?,
+            tokio::fs::read(&p)
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?,
         ),
         FileContent::Path(p) => {
             let f = tokio::fs::File::open(&p)

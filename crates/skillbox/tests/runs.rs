@@ -545,3 +545,60 @@ async fn leases_expire_and_heartbeats_extend_them() {
     assert_eq!(r["revisions"].as_array().unwrap().len(), 1, "{r}");
     assert_eq!(r["revisions"][0]["revision"], 1);
 }
+
+/// Two servers on one data directory: a revocation or a finish through one is seen by the
+/// other's next read (its pin cache is invalidated through the shared generation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_through_one_server_stops_reads_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Server::start(dir.path(), &[]);
+    let b = Server::start(dir.path(), &[]);
+    let c = http();
+    publish(&c, &a, ADMIN, "acme", "demo", 0, v1()).await;
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let (_, run) = create_run(&c, &a, ADMIN, json!({})).await;
+        let run = run["run_id"].as_str().unwrap().to_string();
+        activate(&c, &a, ADMIN, &run, json!({"skill": "demo"})).await;
+        for _ in 0..3 {
+            assert_eq!(
+                read(&c, &b, ADMIN, &run, "demo", "changed.txt").await,
+                (200, "v1 content".into())
+            );
+        }
+        runs.push(run);
+    }
+    c.delete(a.ws("acme", &format!("runs/{}", runs[0])))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        read(&c, &b, ADMIN, &runs[0], "demo", "changed.txt").await.0,
+        404,
+        "finished run still read through b"
+    );
+    assert_eq!(
+        read(&c, &b, ADMIN, &runs[1], "demo", "changed.txt").await.0,
+        200
+    );
+    let r = c
+        .post(a.ws("acme", "skills/demo/revisions/1/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"reason": "r"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .get(b.ws(
+            "acme",
+            &format!("runs/{}/skills/demo/files/changed.txt", runs[1]),
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 410, "revoked revision still read through b");
+    assert_eq!(error_code(&r.json().await.unwrap()), "revision_revoked");
+}
