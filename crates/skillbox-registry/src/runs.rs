@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
 pub const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
-/// Files up to this size are read whole and answered in one write.
-const SMALL_FILE: u64 = 64 * 1024;
+/// Pinned files up to this size are read whole and answered in one write.
+const SMALL_FILE: u64 = 1024 * 1024;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Pin {
@@ -501,7 +501,8 @@ impl Registry {
         }
         let on_disk = self.cache.tree_path(&pin.digest).join(&entry.path);
         if entry.size <= SMALL_FILE {
-            // A page-cache read of a few KiB costs less than a hop to the blocking pool.
+            // A page-cache read of up to 1 MiB costs less than streaming it through the
+            // blocking pool in chunks.
             if let Ok(bytes) = std::fs::read(&on_disk) {
                 if bytes.len() as u64 == entry.size {
                     return Ok((entry, FileContent::Bytes(bytes.into())));
