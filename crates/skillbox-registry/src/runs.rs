@@ -503,10 +503,10 @@ impl Registry {
         if entry.size <= SMALL_FILE {
             // A page-cache read of up to 1 MiB costs less than streaming it through the
             // blocking pool in chunks.
-            if let Ok(bytes) = std::fs::read(&on_disk) {
-                if bytes.len() as u64 == entry.size {
-                    return Ok((entry, FileContent::Bytes(bytes.into())));
-                }
+            if let Ok(bytes) = std::fs::read(&on_disk)
+                && bytes.len() as u64 == entry.size
+            {
+                return Ok((entry, FileContent::Bytes(bytes.into())));
             }
         } else if on_disk.is_file() {
             return Ok((entry, FileContent::Path(on_disk)));

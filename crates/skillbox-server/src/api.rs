@@ -88,6 +88,11 @@ pub fn routes() -> Router<SharedState> {
         .fallback(|| async { ApiError::not_found("no such route; see /openapi.json") })
 }
 
+/// Serializes an answer body.
+fn to_json<T: serde::Serialize>(v: T) -> ApiResult<Value> {
+    serde_json::to_value(v).map_err(|e| ApiError::internal(e.to_string()))
+}
+
 // ---------- auth ----------
 
 async fn principal(state: &AppState, headers: &HeaderMap) -> ApiResult<Principal> {
@@ -217,7 +222,7 @@ async fn skill_detail(
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
     let (summary, current) = s.registry.skill_summary(&ws, &name).await?;
-    let mut v = serde_json::to_value(&summary).map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut v = to_json(&summary)?;
     v["frontmatter"] = current.map(|r| r.frontmatter).unwrap_or(Value::Null);
     Ok(Json(v))
 }
@@ -285,10 +290,7 @@ async fn publish(
     } else {
         StatusCode::CREATED
     };
-    Ok((
-        status,
-        Json(serde_json::to_value(&published).map_err(|e| ApiError::internal(e.to_string()))?),
-    ))
+    Ok((status, Json(to_json(&published)?)))
 }
 
 /// Counts a publish (or, with `published = false`, a pointer move) by its outcome.
@@ -604,9 +606,7 @@ async fn draft_file_put(
         .registry
         .put_draft_file(&ws, &id, &path, bytes, q.executable)
         .await?;
-    Ok(Json(
-        serde_json::to_value(f).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(f)?))
 }
 
 async fn draft_file_delete(
@@ -633,10 +633,7 @@ async fn publish_draft(
     } else {
         StatusCode::CREATED
     };
-    Ok((
-        status,
-        Json(serde_json::to_value(p).map_err(|e| ApiError::internal(e.to_string()))?),
-    ))
+    Ok((status, Json(to_json(p)?)))
 }
 
 // ---------- events ----------
@@ -747,9 +744,7 @@ async fn create_token(
 async fn fsck(State(s): State<SharedState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
     authorize_server_admin(&s, &headers).await?;
     let report = s.registry.fsck().await?;
-    Ok(Json(
-        serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(report)?))
 }
 
 // ---------- revocation ----------
@@ -777,9 +772,7 @@ async fn revoke(
         .registry
         .revoke(&ws, &name, revision, &body.reason)
         .await?;
-    Ok(Json(
-        serde_json::to_value(r).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(r)?))
 }
 
 // ---------- runs ----------
@@ -804,10 +797,7 @@ async fn create_run(
         .registry
         .create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable)
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?),
-    ))
+    Ok((StatusCode::CREATED, Json(to_json(run)?)))
 }
 
 async fn run_detail(
@@ -817,9 +807,7 @@ async fn run_detail(
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let run = s.registry.run(&ws, &run).await?;
-    Ok(Json(
-        serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(run)?))
 }
 
 async fn finish_run(
@@ -829,9 +817,7 @@ async fn finish_run(
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let run = s.registry.finish_run(&ws, &run).await?;
-    Ok(Json(
-        serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(run)?))
 }
 
 async fn heartbeat(
@@ -841,9 +827,7 @@ async fn heartbeat(
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let run = s.registry.heartbeat(&ws, &run).await?;
-    Ok(Json(
-        serde_json::to_value(run).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(run)?))
 }
 
 #[derive(Deserialize)]
@@ -863,9 +847,7 @@ async fn activate(
         .registry
         .activate(&ws, &run, &body.skill, body.revision)
         .await?;
-    Ok(Json(
-        serde_json::to_value(a).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(a)?))
 }
 
 async fn pinned_file(
@@ -939,7 +921,5 @@ async fn gc(
     let grace =
         std::time::Duration::from_secs(body.grace_seconds.unwrap_or(s.cfg.gc_grace.as_secs()));
     let report = s.registry.gc(body.dry_run, grace).await?;
-    Ok(Json(
-        serde_json::to_value(report).map_err(|e| ApiError::internal(e.to_string()))?,
-    ))
+    Ok(Json(to_json(report)?))
 }

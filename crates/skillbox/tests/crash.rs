@@ -73,22 +73,8 @@ async fn verify(
         )
         .await;
         assert_eq!(st, 200, "r{n}: {detail}");
-        let tar = c
-            .get(s.ws("acme", &format!("skills/crashy/revisions/{n}/archive")))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(tar.status(), 200);
-        let tar = tar.bytes().await.unwrap();
-        let t = tempfile::tempdir().unwrap();
-        let intake =
-            skillbox_package::intake::extract_tar(&tar[..], false, t.path(), &Default::default())
-                .unwrap();
-        let d = skillbox_package::Manifest::new(intake.files)
-            .unwrap()
-            .digest()
-            .to_string();
+        let (st, d) = archive_digest(c, s, "acme", "crashy", *n).await;
+        assert_eq!(st, 200);
         assert_eq!(
             Some(d.as_str()),
             detail["digest"].as_str(),

@@ -351,25 +351,9 @@ async fn gc_never_deletes_content_a_concurrent_publish_references() {
         writer.await.unwrap();
         // The re-published revision is complete and the draft's file readable.
         let n = again["revision"].as_i64().unwrap();
-        let tar = c
-            .get(s.ws("acme", &format!("skills/demo/revisions/{n}/archive")))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(tar.status(), 200, "round {round}: r{n} lost content");
-        let tar = tar.bytes().await.unwrap();
-        let t = tempfile::tempdir().unwrap();
-        let intake =
-            skillbox_package::intake::extract_tar(&tar[..], false, t.path(), &Default::default())
-                .unwrap();
-        assert_eq!(
-            skillbox_package::Manifest::new(intake.files)
-                .unwrap()
-                .digest()
-                .to_string(),
-            again["digest"].as_str().unwrap()
-        );
+        let (st, d) = archive_digest(&c, &s, "acme", "demo", n).await;
+        assert_eq!(st, 200, "round {round}: r{n} lost content");
+        assert_eq!(d, again["digest"].as_str().unwrap());
         let body = c
             .get(s.ws("acme", &format!("drafts/{draft}/files/copy.txt")))
             .bearer_auth(ADMIN)

@@ -177,3 +177,35 @@ pub async fn token(c: &reqwest::Client, s: &Server, ws: &str, role: &str) -> Str
 pub fn error_code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
+
+/// Downloads a revision's archive and returns the digest of what it contains.
+pub async fn archive_digest(
+    c: &reqwest::Client,
+    s: &Server,
+    ws: &str,
+    skill: &str,
+    rev: i64,
+) -> (u16, String) {
+    let r = c
+        .get(s.ws(ws, &format!("skills/{skill}/revisions/{rev}/archive")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    if status != 200 {
+        return (status, String::new());
+    }
+    let tar = r.bytes().await.unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let intake =
+        skillbox_package::intake::extract_tar(&tar[..], false, t.path(), &Default::default())
+            .unwrap();
+    (
+        status,
+        skillbox_package::Manifest::new(intake.files)
+            .unwrap()
+            .digest()
+            .to_string(),
+    )
+}
