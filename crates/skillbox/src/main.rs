@@ -4,6 +4,7 @@
 //! environment errors.
 
 mod client;
+mod doctor;
 mod offline;
 mod serve;
 
@@ -32,6 +33,8 @@ enum Command {
     Validate(offline::ValidateArgs),
     /// Print a package's skillbox-tree-v1 digest (or, with --manifest, its canonical manifest).
     Digest(offline::DigestArgs),
+    /// Probe every sandbox backend and say what works here and why not.
+    Doctor,
     /// Run the skillbox server.
     Serve(serve::ServeArgs),
     #[command(flatten)]
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => offline::validate(a),
         Command::Digest(a) => offline::digest(a),
         Command::Serve(a) => serve::run(a),
+        Command::Doctor => doctor::run(cli.conn.json),
         Command::Client(c) => client::run(cli.conn, c),
     };
     match result {

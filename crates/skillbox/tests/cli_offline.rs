@@ -98,3 +98,31 @@ fn digest_of_dir_and_archive_agree() {
     );
     assert_eq!(from_dir.trim(), expected);
 }
+
+#[test]
+fn doctor_reports_every_backend() {
+    let (code, out, _) = skillbox(&["doctor", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let backends = v["backends"].as_array().unwrap();
+    let names: Vec<_> = backends
+        .iter()
+        .map(|b| b["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bwrap", "docker", "none"]);
+    for b in backends {
+        assert!(!b["detail"].as_str().unwrap().is_empty());
+        // Nothing claims to be usable unless it is built and works here.
+        assert_eq!(
+            b["usable"],
+            b["built"].as_bool().unwrap() && b["works_here"].as_bool().unwrap()
+        );
+    }
+    assert_eq!(backends[2]["usable"], true);
+    let (code, human, _) = skillbox(&["doctor"]);
+    assert_eq!(code, 0);
+    assert!(
+        human.contains("bwrap") && human.contains("docker") && human.contains("none    usable"),
+        "{human}"
+    );
+}

@@ -1,0 +1,145 @@
+//! `skillbox doctor`: probes every sandbox backend and says what works and why not.
+
+use serde_json::json;
+use std::process::{Command, ExitCode, Stdio};
+
+struct Probe {
+    backend: &'static str,
+    works_here: bool,
+    built: bool,
+    detail: String,
+}
+
+/// bubblewrap: present, and able to create the namespaces a sandbox needs.
+fn probe_bwrap() -> Probe {
+    let out = Command::new("bwrap")
+        .args([
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ])
+        .args([
+            "--ro-bind-try",
+            "/lib",
+            "/lib",
+            "--ro-bind-try",
+            "/lib64",
+            "/lib64",
+            "--ro-bind-try",
+            "/bin",
+            "/bin",
+        ])
+        .args([
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--cap-drop",
+            "ALL",
+            "--",
+            "/bin/true",
+        ])
+        .stdin(Stdio::null())
+        .output();
+    let (works_here, detail) = match out {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            false,
+            "bwrap is not installed: install bubblewrap (Debian: apt-get install bubblewrap)"
+                .to_string(),
+        ),
+        Err(e) => (false, format!("bwrap cannot be started: {e}")),
+        Ok(o) if o.status.success() => (
+            true,
+            "bwrap creates user, pid, net, ipc, uts and mount namespaces here".to_string(),
+        ),
+        Ok(o) => (
+            false,
+            format!(
+                "bwrap fails to create namespaces: {} — unprivileged user namespaces are probably restricted \
+(sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces, or AppArmor's userns restriction); \
+skillbox never falls back to running unsandboxed",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+        ),
+    };
+    Probe {
+        backend: "bwrap",
+        works_here,
+        built: false,
+        detail,
+    }
+}
+
+/// Docker: the engine's unix socket answers `GET /_ping`.
+fn probe_docker() -> Probe {
+    use std::io::{Read, Write};
+    let path = std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
+        .unwrap_or_else(|| "/var/run/docker.sock".into());
+    let answer = std::os::unix::net::UnixStream::connect(&path).and_then(|mut s| {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))?;
+        s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf)?;
+        Ok(buf)
+    });
+    let (works_here, detail) = match answer {
+        Ok(resp) if resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200") => {
+            let version = resp
+                .lines()
+                .find_map(|l| l.strip_prefix("Api-Version: "))
+                .unwrap_or("unknown");
+            (
+                true,
+                format!("the Docker engine answers on {path} (API {version})"),
+            )
+        }
+        Ok(resp) => (
+            false,
+            format!("{path} answered: {}", resp.lines().next().unwrap_or("")),
+        ),
+        Err(e) => (
+            false,
+            format!("cannot reach the Docker engine at {path}: {e}"),
+        ),
+    };
+    Probe {
+        backend: "docker",
+        works_here,
+        built: false,
+        detail,
+    }
+}
+
+pub fn run(json_out: bool) -> anyhow::Result<ExitCode> {
+    let probes = [probe_bwrap(), probe_docker()];
+    if json_out {
+        let v: Vec<_> = probes
+            .iter()
+            .map(|p| json!({"backend": p.backend, "built": p.built, "works_here": p.works_here, "usable": p.built && p.works_here, "detail": p.detail}))
+            .chain(std::iter::once(json!({"backend": "none", "built": true, "works_here": true, "usable": true,
+                "detail": "no sandbox: activation and reads work, exec answers box_unavailable"})))
+            .collect();
+        println!("{}", json!({"backends": v}));
+    } else {
+        for p in &probes {
+            let state = match (p.built, p.works_here) {
+                (true, true) => "usable",
+                (false, true) => "not built in this version (the environment is ready)",
+                (false, false) => "not built in this version, and the environment is not ready",
+                (true, false) => "NOT usable",
+            };
+            println!("{:<7} {state}\n        {}", p.backend, p.detail);
+        }
+        println!(
+            "none    usable\n        no sandbox: activation and reads work, exec answers box_unavailable"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
