@@ -64,19 +64,39 @@ impl Registry {
         publisher: &str,
     ) -> Result<Published> {
         validate_names(workspace, name)?;
+        let pkg = self
+            .read_and_check(name, staging, move |staging, limits| {
+                let upload = staging.path().join("upload");
+                let tree = staging.path().join("tree");
+                std::fs::create_dir(&tree)?;
+                let intake = match format {
+                    Some(f) => {
+                        intake::extract_archive(std::fs::File::open(&upload)?, f, &tree, limits)?
+                    }
+                    None => intake::extract_archive_file(&upload, &tree, limits)?,
+                };
+                // The upload is not needed any more; free the space before storing content.
+                std::fs::remove_file(&upload)?;
+                Ok(intake)
+            })
+            .await?;
+        let (staging, pkg) = pkg;
+        self.publish_package(workspace, name, base_revision, staging, pkg, publisher)
+            .await
+    }
+
+    /// Reads the package in `staging` on a blocking thread and validates it.
+    async fn read_and_check(
+        &self,
+        name: &str,
+        staging: StagingDir,
+        read: impl FnOnce(&StagingDir, &skillbox_package::Limits) -> Result<intake::Intake>
+        + Send
+        + 'static,
+    ) -> Result<(StagingDir, Package)> {
         let opts = self.check_options(name);
         let (staging, checked) = tokio::task::spawn_blocking(move || -> Result<_> {
-            let upload = staging.path().join("upload");
-            let tree = staging.path().join("tree");
-            std::fs::create_dir(&tree)?;
-            let intake = match format {
-                Some(f) => {
-                    intake::extract_archive(std::fs::File::open(&upload)?, f, &tree, &opts.limits)?
-                }
-                None => intake::extract_archive_file(&upload, &tree, &opts.limits)?,
-            };
-            // The upload is not needed any more; free the space before storing content.
-            std::fs::remove_file(&upload)?;
+            let intake = read(&staging, &opts.limits)?;
             Ok((staging, skillbox_package::check(intake, &opts)))
         })
         .await
@@ -85,8 +105,7 @@ impl Registry {
             problems: r.problems,
             warnings: r.warnings,
         })?;
-        self.publish_package(workspace, name, base_revision, staging, pkg, publisher)
-            .await
+        Ok((staging, pkg))
     }
 
     /// Publishes a package directory already inside `staging` (draft publication).
@@ -99,17 +118,11 @@ impl Registry {
         root: PathBuf,
         publisher: &str,
     ) -> Result<Published> {
-        let opts = self.check_options(name);
-        let (staging, checked) = tokio::task::spawn_blocking(move || -> Result<_> {
-            let intake = intake::scan_dir_raw(&root, &opts.limits)?;
-            Ok((staging, skillbox_package::check(intake, &opts)))
-        })
-        .await
-        .map_err(RegistryError::internal)??;
-        let pkg = checked.map_err(|r| RegistryError::InvalidPackage {
-            problems: r.problems,
-            warnings: r.warnings,
-        })?;
+        let (staging, pkg) = self
+            .read_and_check(name, staging, move |_, limits| {
+                Ok(intake::scan_dir_raw(&root, limits)?)
+            })
+            .await?;
         self.publish_package(workspace, name, base_revision, staging, pkg, publisher)
             .await
     }
