@@ -1,4 +1,197 @@
-//! The box: the sandbox runtime. It knows packages (digest + manifest + source) and mounts,
-//! not skills, runs or workspaces. Backends: bwrap, docker, remote, none.
+//! The box: the sandbox runtime. It knows packages (a digest and a read-only tree on the host)
+//! and mounts — not skills, runs or workspaces; the server composes a sandbox's mount set
+//! from a run's pins.
 //!
-//! Filled in by the box issue; depends on `skillbox-package` only.
+//! Backends implement [`Backend`]. This version has [`bwrap::Bwrap`]: one bubblewrap process
+//! per execution with read-only binds of exactly the mount set under `/skills`, a writable
+//! `/workspace`, a read-only system, a private `/tmp`, every namespace unshared (network too
+//! unless allowed), no capabilities, an unprivileged uid, rlimits, and a wall-clock timeout
+//! that kills the whole sandbox. A backend whose probe fails is never used: there is no
+//! fallback to running on the host.
+
+pub mod bwrap;
+
+use skillbox_package::Digest;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One read-only package in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Path inside the sandbox, e.g. `/skills/<skill-id>/<revision>`.
+    pub target: String,
+    /// The verified, read-only tree on the host.
+    pub source: PathBuf,
+    pub digest: Digest,
+}
+
+/// What an execution runs in.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    /// Host directory bound writable at `/workspace`; outlives executions.
+    pub workspace_dir: PathBuf,
+    /// Exactly the packages of the run, nothing else.
+    pub mounts: Vec<Mount>,
+    pub network: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum Program {
+    Argv(Vec<String>),
+    /// Run by `/bin/sh -c`.
+    Shell(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub program: Program,
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Duration,
+    /// Bytes kept of each of stdout and stderr; the rest is read and dropped.
+    pub output_cap: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Exited,
+    Signaled,
+    TimedOut,
+    /// Killed because a package it mounts was revoked.
+    Killed,
+    /// The sandbox itself could not be set up; the program did not run.
+    SandboxFailure,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExecResult {
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    #[serde(skip)]
+    pub stdout: Vec<u8>,
+    #[serde(skip)]
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Capabilities {
+    pub backend: &'static str,
+    /// Packages cannot be modified from inside the sandbox.
+    pub immutable: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BoxError {
+    #[error("sandbox backend unavailable: {0}")]
+    Unavailable(String),
+    #[error("invalid execution request: {0}")]
+    BadRequest(String),
+    #[error("sandbox I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub type ExecFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ExecResult, BoxError>> + Send + 'a>>;
+
+/// A sandbox backend.
+pub trait Backend: Send + Sync {
+    fn capabilities(&self) -> Capabilities;
+    /// Prepares a workspace directory so the sandbox can use it.
+    fn prepare_workspace(&self, dir: &std::path::Path) -> Result<(), BoxError>;
+    /// Runs one execution; `kill` resolves when it must be killed (revocation).
+    fn exec<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        req: ExecRequest,
+        kill: tokio::sync::oneshot::Receiver<()>,
+    ) -> ExecFuture<'a>;
+}
+
+/// Executions in progress, by the mount targets they use, so a revocation can kill them.
+#[derive(Default)]
+pub struct Executions {
+    next: AtomicU64,
+    running: Mutex<HashMap<u64, (Vec<String>, Option<tokio::sync::oneshot::Sender<()>>)>>,
+}
+
+/// Unregisters an execution when dropped.
+struct ExecutionGuard<'a> {
+    id: u64,
+    set: &'a Executions,
+}
+
+impl Drop for ExecutionGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.set.running.lock() {
+            r.remove(&self.id);
+        }
+    }
+}
+
+impl Executions {
+    fn register(
+        &self,
+        targets: Vec<String>,
+    ) -> (ExecutionGuard<'_>, tokio::sync::oneshot::Receiver<()>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if let Ok(mut r) = self.running.lock() {
+            r.insert(id, (targets, Some(tx)));
+        }
+        (ExecutionGuard { id, set: self }, rx)
+    }
+
+    /// Kills every execution in progress that mounts `target`; returns how many.
+    pub fn kill_mounting(&self, target: &str) -> usize {
+        let Ok(mut r) = self.running.lock() else {
+            return 0;
+        };
+        let mut n = 0;
+        for (targets, kill) in r.values_mut() {
+            if targets.iter().any(|t| t == target) {
+                if let Some(k) = kill.take() {
+                    let _ = k.send(());
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    pub fn in_progress(&self) -> usize {
+        self.running.lock().map(|r| r.len()).unwrap_or(0)
+    }
+}
+
+/// The box: a backend and the executions it runs.
+pub struct BoxRuntime {
+    pub backend: Arc<dyn Backend>,
+    pub executions: Executions,
+}
+
+impl BoxRuntime {
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        BoxRuntime {
+            backend,
+            executions: Executions::default(),
+        }
+    }
+
+    pub async fn exec(&self, sandbox: &Sandbox, req: ExecRequest) -> Result<ExecResult, BoxError> {
+        self.backend.prepare_workspace(&sandbox.workspace_dir)?;
+        let (_guard, kill) = self
+            .executions
+            .register(sandbox.mounts.iter().map(|m| m.target.clone()).collect());
+        self.backend.exec(sandbox, req, kill).await
+    }
+}

@@ -798,3 +798,46 @@ impl PinCache {
         }
     }
 }
+
+impl Registry {
+    /// What an execution of the run mounts: every pin with its revision-cache tree (rebuilt
+    /// from the content store if it went missing). Revoked pins refuse the execution with
+    /// `revision_revoked`; pins whose content is gone with `pinned_revision_unavailable`.
+    pub async fn exec_context(
+        &self,
+        workspace: &str,
+        run_id: &str,
+    ) -> Result<(RunView, Vec<(Pin, std::path::PathBuf)>)> {
+        let view = self.run(workspace, run_id).await?;
+        if view.state != "active" {
+            return Err(run_state_error(run_id, &view.state));
+        }
+        let mut out = Vec::new();
+        for pin in &view.activations {
+            let (_, manifest, _) = self
+                .pinned_content(&pin.skill, &pin.skill_id, pin.revision, &pin.digest)
+                .await?;
+            let d: Digest = pin.digest.parse().map_err(RegistryError::internal)?;
+            let tree = self.cache.tree_path(&d);
+            if !tree.is_dir() {
+                let (cache, content) = (self.cache.clone(), self.content.clone());
+                let rt = tokio::runtime::Handle::current();
+                tokio::task::spawn_blocking(move || {
+                    cache.ensure(&d, &manifest, None, &content, &rt)
+                })
+                .await
+                .map_err(RegistryError::internal)?
+                .map_err(|e| RegistryError::PinnedRevisionUnavailable {
+                    skill: pin.skill.clone(),
+                    skill_id: pin.skill_id.clone(),
+                    revision: pin.revision,
+                    reason: format!("its tree cannot be rebuilt ({e})"),
+                })?;
+            }
+            out.push((pin.clone(), tree));
+        }
+        self.touch_lease(run_id, view.ttl_seconds * 1000, view.expires_at)
+            .await?;
+        Ok((view, out))
+    }
+}

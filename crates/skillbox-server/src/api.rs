@@ -874,19 +874,118 @@ async fn prompt(
     Ok(Json(json!({"prompt": text, "skills": skills})))
 }
 
-/// Execution needs the box, which this build does not have yet.
+#[derive(Deserialize)]
+struct ExecBody {
+    skill: Option<String>,
+    argv: Option<Vec<String>>,
+    command: Option<String>,
+    cwd: Option<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    timeout_ms: Option<u64>,
+    stdin: Option<String>,
+}
+
+const MAX_TIMEOUT_MS: u64 = 600_000;
+const OUTPUT_CAP: usize = 1024 * 1024;
+
+/// Executes in the run's sandbox with exactly its pinned packages mounted.
 async fn exec(
     State(s): State<SharedState>,
     Path((ws, run)): Path<(String, String)>,
     headers: HeaderMap,
+    Json(body): Json<ExecBody>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
-    s.registry.run(&ws, &run).await?;
-    Err(skillbox_registry::RegistryError::BoxUnavailable(
-        "no sandbox backend is running (--box none): activation and reads work, execution does not"
-            .into(),
-    )
-    .into())
+    let (view, pins) = s.registry.exec_context(&ws, &run).await?;
+    let Some(sandbox_rt) = s.sandbox.clone() else {
+        return Err(skillbox_registry::RegistryError::BoxUnavailable(
+            "no sandbox backend is running (--box none): activation and reads work, execution does not".into(),
+        )
+        .into());
+    };
+    let caps = sandbox_rt.backend.capabilities();
+    if view.require_immutable && !caps.immutable {
+        return Err(skillbox_registry::RegistryError::BoxUnavailable(format!(
+            "this run requires read-only packages and the {} backend cannot enforce them",
+            caps.backend
+        ))
+        .into());
+    }
+    let program = match (body.argv, body.command) {
+        (Some(argv), None) if !argv.is_empty() => skillbox_box::Program::Argv(argv),
+        (None, Some(cmd)) => skillbox_box::Program::Shell(cmd),
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of argv (non-empty) or command",
+            ));
+        }
+    };
+    let cwd = match (&body.cwd, &body.skill) {
+        (Some(c), _) => c.clone(),
+        (None, Some(skill)) => {
+            let pin = pins
+                .iter()
+                .find(|(p, _)| &p.skill == skill)
+                .ok_or_else(|| {
+                    skillbox_registry::RegistryError::NotActivated(format!(
+                        "skill {skill:?} is not activated in run {run}; activate it first"
+                    ))
+                })?;
+            skillbox_registry::runs::mount_path(&pin.0.skill_id, pin.0.revision)
+        }
+        (None, None) => "/workspace".into(),
+    };
+    let timeout_ms = body.timeout_ms.unwrap_or(60_000).clamp(1, MAX_TIMEOUT_MS);
+    let mounts: Vec<skillbox_box::Mount> =
+        pins.iter()
+            .map(|(p, tree)| {
+                Ok(skillbox_box::Mount {
+                    target: skillbox_registry::runs::mount_path(&p.skill_id, p.revision),
+                    source: tree.clone(),
+                    digest: p.digest.parse().map_err(
+                        |e: skillbox_package::digest::BadDigest| ApiError::internal(e.to_string()),
+                    )?,
+                })
+            })
+            .collect::<ApiResult<_>>()?;
+    let sandbox = skillbox_box::Sandbox {
+        workspace_dir: s.registry.data_dir().join("box/workspaces").join(&run),
+        mounts,
+        network: false,
+    };
+    let req = skillbox_box::ExecRequest {
+        program,
+        cwd,
+        env: body.env,
+        stdin: body.stdin.map(String::into_bytes),
+        timeout: std::time::Duration::from_millis(timeout_ms),
+        output_cap: OUTPUT_CAP,
+    };
+    let result = sandbox_rt.exec(&sandbox, req).await.map_err(|e| match e {
+        skillbox_box::BoxError::BadRequest(m) => ApiError::bad_request(m),
+        skillbox_box::BoxError::Unavailable(m) => {
+            skillbox_registry::RegistryError::BoxUnavailable(m).into()
+        }
+        skillbox_box::BoxError::Io(e) => ApiError::internal(format!("sandbox: {e}")),
+    })?;
+    if result.outcome == skillbox_box::Outcome::Killed {
+        return Err(skillbox_registry::RegistryError::RevisionRevoked(
+            "the execution was killed: a revision it mounts was revoked".into(),
+        )
+        .into());
+    }
+    let packages: Vec<Value> = pins
+        .iter()
+        .map(|(p, _)| json!({"skill": p.skill, "revision": p.revision, "digest": p.digest}))
+        .collect();
+    let mut v = to_json(&result)?;
+    v["stdout"] = json!(String::from_utf8_lossy(&result.stdout));
+    v["stderr"] = json!(String::from_utf8_lossy(&result.stderr));
+    v["sandbox_id"] = json!(run);
+    v["backend"] = json!(caps.backend);
+    v["packages"] = json!(packages);
+    Ok(Json(v))
 }
 
 async fn run_draft(

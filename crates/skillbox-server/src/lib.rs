@@ -33,6 +33,8 @@ pub struct ServerConfig {
 
 pub struct AppState {
     pub registry: Arc<Registry>,
+    /// The sandbox runtime; `None` with `--box none`.
+    pub sandbox: Option<Arc<skillbox_box::BoxRuntime>>,
     pub cfg: ServerConfig,
     pub metrics: metrics::Metrics,
 }
@@ -98,6 +100,31 @@ pub fn spawn_upkeep(state: SharedState, sweep: Duration, gc_every: Option<Durati
             }
         });
     }
+}
+
+/// Kills executions that mount a revision as soon as it is revoked.
+pub fn spawn_revocation_killer(state: SharedState) {
+    let Some(sandbox) = state.sandbox.clone() else {
+        return;
+    };
+    let mut rx = state.registry.subscribe_revocations();
+    tokio::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok((skill_id, revision)) => {
+                    let target = skillbox_registry::runs::mount_path(&skill_id, revision);
+                    let killed = sandbox.executions.kill_mounting(&target);
+                    if killed > 0 {
+                        tracing::warn!(%target, killed, "killed executions of a revoked revision");
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::error!(missed = n, "revocation notices lagged");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+    });
 }
 
 /// Serves until `shutdown` resolves, then drains in-flight requests.

@@ -102,18 +102,7 @@ fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&a.log_format);
-    match a.box_backend.as_deref() {
-        None => tracing::warn!(
-            "no sandbox backend: the bwrap backend is not built yet, so `--box none` is in effect: \
-activation and reads work, exec answers box_unavailable"
-        ),
-        Some("none") => {}
-        Some(b @ ("bwrap" | "docker")) => bail!(
-            "the {b} sandbox backend is not built yet in this version; start with --box none \
-(activation and reads work; exec answers box_unavailable)"
-        ),
-        Some(other) => bail!("unknown sandbox backend {other:?}: use bwrap, docker or none"),
-    }
+    let sandbox = choose_box(a.box_backend.as_deref(), &a.data_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -125,6 +114,7 @@ activation and reads work, exec answers box_unavailable"
         let registry = Registry::open(cfg).await.context("opening the registry")?;
         let state = Arc::new(AppState {
             registry,
+            sandbox,
             cfg: ServerConfig {
                 admin_token,
                 // Archive overhead (headers, padding, central directory) on top of the content.
@@ -138,10 +128,55 @@ activation and reads work, exec answers box_unavailable"
         tracing::info!(listen = %listener.local_addr()?, data_dir = %a.data_dir.display(), "skillbox serving");
         let gc_every = (a.gc_interval > 0).then(|| std::time::Duration::from_secs(a.gc_interval));
         skillbox_server::spawn_upkeep(state.clone(), std::time::Duration::from_secs(5), gc_every);
+        skillbox_server::spawn_revocation_killer(state.clone());
         skillbox_server::serve(listener, state, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The sandbox uid: `nobody`.
+const SANDBOX_UID: u32 = 65534;
+
+/// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
+/// default bwrap if its probe passes, else none — said loudly.
+fn choose_box(
+    asked: Option<&str>,
+    data_dir: &Path,
+) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
+    let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
+        let b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
+        let ok = b.probe().map_err(|e| anyhow::anyhow!("{e}"))?;
+        tracing::info!(backend = "bwrap", "{ok}");
+        // bwrap runs as the sandbox uid and resolves bind sources as it: the data directory
+        // must be traversable (not listable) by it.
+        std::fs::create_dir_all(data_dir)?;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(data_dir)?.permissions().mode();
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode | 0o001))?;
+            tracing::info!(data_dir = %data_dir.display(), "made the data directory traversable for the sandbox uid");
+        }
+        Ok(Arc::new(skillbox_box::BoxRuntime::new(Arc::new(b))))
+    };
+    match asked {
+        Some("none") => Ok(None),
+        Some("bwrap") => bwrap().map(Some).context("--box bwrap"),
+        Some("docker") => bail!(
+            "the docker sandbox backend is not built yet in this version; use --box bwrap or --box none"
+        ),
+        Some(other) => bail!("unknown sandbox backend {other:?}: use bwrap, docker or none"),
+        None => match bwrap() {
+            Ok(b) => Ok(Some(b)),
+            Err(e) => {
+                tracing::warn!(
+                    "NO SANDBOX: the bwrap probe failed ({e:#}), so `--box none` is in effect: \
+activation and reads work, exec answers box_unavailable"
+                );
+                Ok(None)
+            }
+        },
+    }
 }
 
 async fn shutdown_signal() {

@@ -36,24 +36,28 @@ impl Server {
     }
 
     pub fn start_on(data_dir: &Path, port: u16, extra: &[&str]) -> Server {
+        let default_box: &[&str] = if extra.contains(&"--box") {
+            &[]
+        } else {
+            &["--box", "none"]
+        };
         let child = Command::new(bin())
             .args([
                 "serve",
-                "--box",
-                "none",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
                 "--data-dir",
             ])
             .arg(data_dir)
             .args(extra)
+            .args(default_box)
             .env("SKILLBOX_ADMIN_TOKEN", ADMIN)
             .env("SKILLBOX_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn skillbox serve");
-        let s = Server {
+        let mut s = Server {
             child,
             url: format!("http://127.0.0.1:{port}"),
             data_dir: data_dir.to_path_buf(),
@@ -63,9 +67,12 @@ impl Server {
         s
     }
 
-    fn wait_ready(&self) {
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("skillbox serve exited before it was ready: {status}");
+            }
             if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
                 use std::io::{Read, Write};
                 let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");

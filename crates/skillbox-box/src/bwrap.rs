@@ -1,0 +1,316 @@
+//! The bubblewrap backend: one `bwrap` process per execution.
+//!
+//! The command line is `prlimit <limits> -- setpriv --reuid=U --regid=U --clear-groups --
+//! bwrap <namespaces and mounts> -- program`. bwrap is started as an unprivileged host uid so
+//! that `RLIMIT_NPROC` applies (the kernel exempts root) and the sandbox holds no privilege
+//! it could regain. Because bwrap resolves bind sources as that uid, package trees and the
+//! workspace must be reachable by it (the server makes its data directory traversable).
+
+use crate::{
+    Backend, BoxError, Capabilities, ExecFuture, ExecRequest, ExecResult, Outcome, Program, Sandbox,
+};
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// Resource limits of one execution.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Address space, bytes.
+    pub memory: u64,
+    /// Processes of the sandbox uid (fork bombs).
+    pub processes: u64,
+    /// Largest file a process may write, bytes.
+    pub file_size: u64,
+    pub open_files: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory: 2 << 30,
+            processes: 256,
+            file_size: 256 << 20,
+            open_files: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Bwrap {
+    pub bwrap: PathBuf,
+    /// Host uid (and gid) the sandbox runs as.
+    pub uid: u32,
+    pub limits: Limits,
+}
+
+/// System paths bound read-only when they exist.
+const SYSTEM_RO: [&str; 13] = [
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ssl",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+];
+
+impl Bwrap {
+    pub fn new(uid: u32) -> Self {
+        Bwrap {
+            bwrap: PathBuf::from("bwrap"),
+            uid,
+            limits: Limits::default(),
+        }
+    }
+
+    /// Runs `/bin/true` in a minimal sandbox: Ok with what works, or why not and what to do.
+    pub fn probe(&self) -> Result<String, BoxError> {
+        let sandbox = Sandbox {
+            workspace_dir: std::env::temp_dir(),
+            mounts: vec![],
+            network: false,
+        };
+        let mut args = self.wrapper_args();
+        args.extend(self.bwrap_args(&sandbox, "/", &Default::default(), false));
+        args.push("/bin/true".into());
+        let out = std::process::Command::new("prlimit")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(BoxError::Unavailable(
+                "prlimit (util-linux) is not installed".into(),
+            )),
+            Err(e) => Err(BoxError::Unavailable(format!(
+                "cannot start the sandbox: {e}"
+            ))),
+            Ok(o) if o.status.success() => Ok(format!(
+                "bwrap creates user, pid, net, ipc, uts and mount namespaces here, as uid {}",
+                self.uid
+            )),
+            Ok(o) => {
+                let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+                Err(BoxError::Unavailable(
+                    if err.contains("No such file") && err.contains("bwrap") {
+                        "bwrap is not installed: install bubblewrap (Debian: apt-get install bubblewrap)".into()
+                    } else {
+                        format!(
+                            "bwrap cannot create a sandbox here: {err} — unprivileged user namespaces are probably \
+restricted (sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces, or AppArmor's userns \
+restriction); skillbox never falls back to running unsandboxed"
+                        )
+                    },
+                ))
+            }
+        }
+    }
+
+    fn wrapper_args(&self) -> Vec<OsString> {
+        let l = &self.limits;
+        let uid = self.uid.to_string();
+        [
+            format!("--as={}", l.memory),
+            format!("--nproc={}", l.processes),
+            format!("--fsize={}", l.file_size),
+            format!("--nofile={}", l.open_files),
+            "--".into(),
+            "setpriv".into(),
+            format!("--reuid={uid}"),
+            format!("--regid={uid}"),
+            "--clear-groups".into(),
+            "--".into(),
+            self.bwrap.to_string_lossy().into_owned(),
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .collect()
+    }
+
+    fn bwrap_args(
+        &self,
+        sandbox: &Sandbox,
+        cwd: &str,
+        env: &std::collections::BTreeMap<String, String>,
+        workspace: bool,
+    ) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |items: &[&str]| a.extend(items.iter().map(OsString::from));
+        push(&[
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--clearenv",
+        ]);
+        if sandbox.network {
+            push(&["--share-net"]);
+        }
+        for p in SYSTEM_RO {
+            push(&["--ro-bind-try", p, p]);
+        }
+        push(&[
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/skills",
+        ]);
+        for m in &sandbox.mounts {
+            a.push("--ro-bind".into());
+            a.push(m.source.clone().into_os_string());
+            a.push(m.target.clone().into());
+        }
+        if workspace {
+            a.push("--bind".into());
+            a.push(sandbox.workspace_dir.clone().into_os_string());
+            a.push("/workspace".into());
+        }
+        let mut env = env.clone();
+        env.entry("PATH".into())
+            .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
+        env.entry("HOME".into())
+            .or_insert_with(|| "/workspace".into());
+        env.entry("TMPDIR".into()).or_insert_with(|| "/tmp".into());
+        env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+        for (k, v) in &env {
+            a.push("--setenv".into());
+            a.push(k.into());
+            a.push(v.into());
+        }
+        a.push("--chdir".into());
+        a.push(cwd.into());
+        a.push("--".into());
+        a
+    }
+}
+
+/// Reads a stream to its end, keeping at most `cap` bytes.
+async fn read_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut truncated = false;
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                truncated |= n > room;
+            }
+        }
+    }
+    (kept, truncated)
+}
+
+impl Backend for Bwrap {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            backend: "bwrap",
+            immutable: true,
+        }
+    }
+
+    fn prepare_workspace(&self, dir: &Path) -> Result<(), BoxError> {
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir)?;
+            std::os::unix::fs::chown(dir, Some(self.uid), Some(self.uid))?;
+            std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        }
+        Ok(())
+    }
+
+    fn exec<'a>(
+        &'a self,
+        sandbox: &'a Sandbox,
+        req: ExecRequest,
+        kill: tokio::sync::oneshot::Receiver<()>,
+    ) -> ExecFuture<'a> {
+        Box::pin(async move {
+            if !req.cwd.starts_with('/') {
+                return Err(BoxError::BadRequest(format!(
+                    "cwd must be an absolute path inside the sandbox, not {:?}",
+                    req.cwd
+                )));
+            }
+            let program: Vec<String> = match &req.program {
+                Program::Argv(v) if v.is_empty() => {
+                    return Err(BoxError::BadRequest("argv is empty".into()));
+                }
+                Program::Argv(v) => v.clone(),
+                Program::Shell(c) => vec!["/bin/sh".into(), "-c".into(), c.clone()],
+            };
+            let mut args = self.wrapper_args();
+            args.extend(self.bwrap_args(sandbox, &req.cwd, &req.env, true));
+            args.extend(program.into_iter().map(OsString::from));
+            let start = Instant::now();
+            let mut child = tokio::process::Command::new("prlimit")
+                .args(&args)
+                .stdin(if req.stdin.is_some() {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            if let (Some(mut sin), Some(data)) = (child.stdin.take(), req.stdin) {
+                tokio::spawn(async move {
+                    let _ = sin.write_all(&data).await;
+                });
+            }
+            let out = tokio::spawn(read_capped(
+                child
+                    .stdout
+                    .take()
+                    .ok_or_else(|| BoxError::BadRequest("no stdout".into()))?,
+                req.output_cap,
+            ));
+            let err = tokio::spawn(read_capped(
+                child
+                    .stderr
+                    .take()
+                    .ok_or_else(|| BoxError::BadRequest("no stderr".into()))?,
+                req.output_cap,
+            ));
+            // Killing bwrap kills the sandbox: its init dies (--die-with-parent), and with it
+            // every process of the pid namespace.
+            let (status, ended_by) = tokio::select! {
+                s = child.wait() => (s?, None),
+                _ = tokio::time::sleep(req.timeout) => { child.kill().await?; (child.wait().await?, Some(Outcome::TimedOut)) }
+                Ok(()) = kill => { child.kill().await?; (child.wait().await?, Some(Outcome::Killed)) }
+            };
+            let (stdout, stdout_truncated) = out.await.unwrap_or_default();
+            let (stderr, stderr_truncated) = err.await.unwrap_or_default();
+            let outcome = match (ended_by, status.code(), status.signal()) {
+                (Some(o), _, _) => o,
+                // bwrap reports its own setup failures as "bwrap: …" with status 1.
+                (None, Some(1), _) if stderr.starts_with(b"bwrap: ") => Outcome::SandboxFailure,
+                (None, Some(_), _) => Outcome::Exited,
+                (None, None, _) => Outcome::Signaled,
+            };
+            Ok(ExecResult {
+                outcome,
+                exit_code: if ended_by.is_some() {
+                    None
+                } else {
+                    status.code()
+                },
+                signal: status.signal(),
+                timed_out: outcome == Outcome::TimedOut,
+                stdout,
+                stderr,
+                stdout_truncated,
+                stderr_truncated,
+                duration_ms: start.elapsed().as_millis() as u64,
+            })
+        })
+    }
+}

@@ -1,0 +1,318 @@
+//! Execution on the real bubblewrap (SPEC §4.5, §8.1, §8.6, §8.8, §8.9): exactly the pinned
+//! packages, read-only; no network; nothing of the host; limits and timeouts that hold.
+
+mod support;
+use serde_json::{Value, json};
+use support::*;
+
+fn start(dir: &std::path::Path) -> Server {
+    Server::start(dir, &["--box", "bwrap"])
+}
+
+async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String {
+    let r = c
+        .post(s.ws("acme", "runs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"skills": skills}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let run = r.json::<Value>().await.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for skill in skills {
+        let r = c
+            .post(s.ws("acme", &format!("runs/{run}/activations")))
+            .bearer_auth(ADMIN)
+            .json(&json!({"skill": skill}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    run
+}
+
+async fn exec(c: &reqwest::Client, s: &Server, run: &str, body: Value) -> (u16, Value) {
+    let r = c
+        .post(s.ws("acme", &format!("runs/{run}/exec")))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let st = r.status().as_u16();
+    (st, r.json().await.unwrap())
+}
+
+fn versioned(v: &str, extra: &[(&str, &[u8])]) -> Vec<u8> {
+    let md = skill_md("hello", &format!("hello {v}"));
+    let script = format!("#!/bin/sh\necho \"I am {v}\"\n");
+    let mut files: Vec<(&str, &[u8])> = vec![
+        ("SKILL.md", md.as_bytes()),
+        ("scripts/run.sh", script.as_bytes()),
+    ];
+    files.extend_from_slice(extra);
+    tar_of(&files)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_execute_their_pinned_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path());
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("v1", &[("old.txt", b"old")]),
+    )
+    .await;
+    let run_a = new_run(&c, &s, &["hello"]).await;
+    let (st, v) = exec(
+        &c,
+        &s,
+        &run_a,
+        json!({"skill": "hello", "argv": ["./scripts/run.sh"]}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (
+            v["stdout"].as_str(),
+            v["exit_code"].as_i64(),
+            v["backend"].as_str()
+        ),
+        (Some("I am v1\n"), Some(0), Some("bwrap"))
+    );
+    assert_eq!(v["packages"][0]["revision"], 1);
+
+    publish(&c, &s, ADMIN, "acme", "hello", 1, versioned("v2", &[])).await;
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run_a,
+        json!({"skill": "hello", "argv": ["./scripts/run.sh"]}),
+    )
+    .await;
+    assert_eq!(v["stdout"], "I am v1\n", "run A switched versions");
+    let run_b = new_run(&c, &s, &["hello"]).await;
+    let (_, v) = exec(&c, &s, &run_b, json!({"skill": "hello", "command": "./scripts/run.sh; test -e old.txt && echo stale || echo clean"})).await;
+    assert_eq!(
+        v["stdout"], "I am v2\nclean\n",
+        "§8.6: a file deleted in v2 is absent in a v2 sandbox"
+    );
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run_a,
+        json!({"skill": "hello", "command": "cat old.txt"}),
+    )
+    .await;
+    assert_eq!(v["stdout"], "old");
+
+    // the workspace outlives executions; exit codes and stdin come through
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run_a,
+        json!({"command": "cat > /workspace/note; pwd", "stdin": "kept"}),
+    )
+    .await;
+    assert_eq!(v["stdout"], "/workspace\n");
+    let (_, v) = exec(&c, &s, &run_a, json!({"argv": ["cat", "/workspace/note"]})).await;
+    assert_eq!(v["stdout"], "kept");
+    let (_, v) = exec(&c, &s, &run_a, json!({"command": "echo oops >&2; exit 7"})).await;
+    assert_eq!(
+        (
+            v["exit_code"].as_i64(),
+            v["outcome"].as_str(),
+            v["stderr"].as_str()
+        ),
+        (Some(7), Some("exited"), Some("oops\n"))
+    );
+    let (st, v) = exec(&c, &s, &run_a, json!({"argv": []})).await;
+    assert_eq!((st, error_code(&v)), (400, "bad_request"));
+    let (st, v) = exec(&c, &s, &run_a, json!({"skill": "nope", "argv": ["true"]})).await;
+    assert_eq!((st, error_code(&v)), (404, "not_activated"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path());
+    let c = http();
+    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    let secret = tar_of(&[
+        (
+            "SKILL.md",
+            skill_md("secret", "not for this run").as_bytes(),
+        ),
+        ("key.txt", b"s3cret"),
+    ]);
+    let (_, sp) = publish(&c, &s, ADMIN, "acme", "secret", 0, secret).await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    let (_, view) = get(&c, &s.ws("acme", &format!("runs/{run}")), ADMIN).await;
+    let mount = format!(
+        "/skills/{}/1",
+        view["activations"][0]["skill_id"].as_str().unwrap()
+    );
+    let sh = |cmd: String| json!({"command": cmd, "timeout_ms": 20_000});
+
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        sh(format!("touch {mount}/x; echo > {mount}/scripts/run.sh")),
+    )
+    .await;
+    assert_ne!(v["exit_code"], 0);
+    assert!(
+        v["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Read-only file system"),
+        "{v}"
+    );
+    let (_, v) = exec(&c, &s, &run, sh(format!("mount -o remount,rw {mount}"))).await;
+    assert_ne!(v["exit_code"], 0, "remount succeeded: {v}");
+    let (_, v) = exec(&c, &s, &run, sh(format!("cat {mount}/scripts/run.sh"))).await;
+    assert!(
+        v["stdout"].as_str().unwrap().contains("I am v1"),
+        "the package changed: {v}"
+    );
+
+    // only the run's activated skills, nothing of the host
+    let (_, v) = exec(&c, &s, &run, sh("ls /skills; ls /skills/*".into())).await;
+    let listing = v["stdout"].as_str().unwrap();
+    assert!(
+        !listing.contains(sp["skill_id"].as_str().unwrap()),
+        "a skill outside the run is visible: {listing}"
+    );
+    assert_eq!(listing.lines().next().unwrap().len(), 32, "{listing}");
+    let data = dir.path().to_string_lossy().to_string();
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        sh(format!(
+            "ls /root /home {data} 2>&1; ls -d /work 2>&1; id -u"
+        )),
+    )
+    .await;
+    let out = v["stdout"].as_str().unwrap();
+    assert!(
+        out.contains("No such file or directory") && !out.contains("skillbox.db"),
+        "{out}"
+    );
+    assert!(
+        out.trim_end().ends_with("65534"),
+        "not an unprivileged uid: {out}"
+    );
+    let (_, v) = exec(&c, &s, &run, sh("grep CapEff /proc/self/status".into())).await;
+    assert_eq!(v["stdout"], "CapEff:\t0000000000000000\n");
+
+    // no network: a listener on the host's loopback is unreachable
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let py = format!(
+        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 3); print('CONNECTED')\""
+    );
+    let (_, v) = exec(&c, &s, &run, sh(py)).await;
+    assert!(
+        !v["stdout"].as_str().unwrap().contains("CONNECTED"),
+        "network reached the host: {v}"
+    );
+    assert_ne!(v["exit_code"], 0);
+
+    // a fork bomb and a memory hog are contained; the server keeps serving
+    let (st, v) = exec(&c, &s, &run, json!({"command": "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "timeout_ms": 8000})).await;
+    assert_eq!(st, 200, "{v}");
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        sh("python3 -c 'x = bytearray(8 << 30)'; echo rc=$?".into()),
+    )
+    .await;
+    assert!(
+        v["stdout"].as_str().unwrap().contains("rc=1"),
+        "the memory hog was not refused: {v}"
+    );
+    assert!(v["stderr"].as_str().unwrap().contains("MemoryError"), "{v}");
+
+    // the timeout kills children too
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"command": "sleep 300 & sleep 300 & sleep 300", "timeout_ms": 700}),
+    )
+    .await;
+    assert_eq!(
+        (
+            v["timed_out"].as_bool(),
+            v["outcome"].as_str(),
+            v["exit_code"].clone()
+        ),
+        (Some(true), Some("timed_out"), Value::Null)
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let left = std::process::Command::new("pgrep")
+        .args(["-u", "65534", "-f", "sleep 300"])
+        .output()
+        .unwrap();
+    assert!(
+        left.stdout.is_empty(),
+        "sandboxed processes survived the timeout: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+    let (_, v) = exec(&c, &s, &run, sh("echo still fine".into())).await;
+    assert_eq!(v["stdout"], "still fine\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_kills_running_executions() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path());
+    let c = http();
+    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    let started = std::time::Instant::now();
+    let long = {
+        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
+        tokio::spawn(async move {
+            let r = c.post(url).bearer_auth(ADMIN).json(&json!({"command": "echo started > /workspace/flag; sleep 60", "timeout_ms": 90_000})).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let flag = dir.path().join(format!("box/workspaces/{run}/flag"));
+    while !flag.exists() {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "the execution never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let r = c
+        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"reason": "bad"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (st, v) = long.await.unwrap();
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
+    assert!(
+        started.elapsed().as_secs() < 30,
+        "the execution was not killed"
+    );
+    let (st, v) = exec(&c, &s, &run, json!({"argv": ["true"]})).await;
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"));
+}
