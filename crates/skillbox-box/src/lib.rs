@@ -117,11 +117,14 @@ pub trait Backend: Send + Sync {
     ) -> ExecFuture<'a>;
 }
 
+/// One execution in progress: the mount targets it uses and the switch that kills it.
+type Running = (Vec<String>, Option<tokio::sync::oneshot::Sender<()>>);
+
 /// Executions in progress, by the mount targets they use, so a revocation can kill them.
 #[derive(Default)]
 pub struct Executions {
     next: AtomicU64,
-    running: Mutex<HashMap<u64, (Vec<String>, Option<tokio::sync::oneshot::Sender<()>>)>>,
+    running: Mutex<HashMap<u64, Running>>,
 }
 
 /// Unregisters an execution when dropped.
@@ -158,11 +161,11 @@ impl Executions {
         };
         let mut n = 0;
         for (targets, kill) in r.values_mut() {
-            if targets.iter().any(|t| t == target) {
-                if let Some(k) = kill.take() {
-                    let _ = k.send(());
-                    n += 1;
-                }
+            if targets.iter().any(|t| t == target)
+                && let Some(k) = kill.take()
+            {
+                let _ = k.send(());
+                n += 1;
             }
         }
         n
