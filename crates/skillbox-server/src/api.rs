@@ -988,6 +988,7 @@ async fn exec(
     Ok(Json(v))
 }
 
+/// Run drafts are not built yet: answered explicitly rather than pretended.
 async fn run_draft(
     State(s): State<SharedState>,
     Path((ws, run)): Path<(String, String)>,
@@ -996,7 +997,7 @@ async fn run_draft(
     authorize(&s, &headers, &ws, Role::Runner).await?;
     s.registry.run(&ws, &run).await?;
     Err(skillbox_registry::RegistryError::BoxUnavailable(
-        "run drafts live in the run's sandbox workspace; no sandbox backend is running (--box none)".into(),
+        "run drafts (/workspace/skill-drafts/<draft-id>/) are not built in this version; use workspace drafts (POST /v1/workspaces/{ws}/drafts)".into(),
     )
     .into())
 }

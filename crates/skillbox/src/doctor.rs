@@ -1,7 +1,7 @@
 //! `skillbox doctor`: probes every sandbox backend and says what works and why not.
 
 use serde_json::json;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 
 struct Probe {
     backend: &'static str,
@@ -10,67 +10,17 @@ struct Probe {
     detail: String,
 }
 
-/// bubblewrap: present, and able to create the namespaces a sandbox needs.
+/// bubblewrap: the same probe `serve` runs before it uses the backend.
 fn probe_bwrap() -> Probe {
-    let out = Command::new("bwrap")
-        .args([
-            "--unshare-all",
-            "--die-with-parent",
-            "--new-session",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-        ])
-        .args([
-            "--ro-bind-try",
-            "/lib",
-            "/lib",
-            "--ro-bind-try",
-            "/lib64",
-            "/lib64",
-            "--ro-bind-try",
-            "/bin",
-            "/bin",
-        ])
-        .args([
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--tmpfs",
-            "/tmp",
-            "--cap-drop",
-            "ALL",
-            "--",
-            "/bin/true",
-        ])
-        .stdin(Stdio::null())
-        .output();
-    let (works_here, detail) = match out {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
-            false,
-            "bwrap is not installed: install bubblewrap (Debian: apt-get install bubblewrap)"
-                .to_string(),
-        ),
-        Err(e) => (false, format!("bwrap cannot be started: {e}")),
-        Ok(o) if o.status.success() => (
-            true,
-            "bwrap creates user, pid, net, ipc, uts and mount namespaces here".to_string(),
-        ),
-        Ok(o) => (
-            false,
-            format!(
-                "bwrap fails to create namespaces: {} — unprivileged user namespaces are probably restricted \
-(sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces, or AppArmor's userns restriction); \
-skillbox never falls back to running unsandboxed",
-                String::from_utf8_lossy(&o.stderr).trim()
-            ),
-        ),
+    let b = skillbox_box::bwrap::Bwrap::new(crate::serve::SANDBOX_UID);
+    let (works_here, detail) = match b.probe() {
+        Ok(ok) => (true, ok),
+        Err(e) => (false, e.to_string()),
     };
     Probe {
         backend: "bwrap",
         works_here,
-        built: false,
+        built: true,
         detail,
     }
 }

@@ -136,7 +136,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The sandbox uid: `nobody`.
-const SANDBOX_UID: u32 = 65534;
+pub const SANDBOX_UID: u32 = 65534;
 
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.

@@ -119,6 +119,8 @@ fn doctor_reports_every_backend() {
         );
     }
     assert_eq!(backends[2]["usable"], true);
+    assert_eq!(backends[0]["built"], true, "bwrap is built");
+    assert_eq!(backends[1]["built"], false, "docker is not built yet");
     let (code, human, _) = skillbox(&["doctor"]);
     assert_eq!(code, 0);
     assert!(
