@@ -890,13 +890,25 @@ const MAX_TIMEOUT_MS: u64 = 600_000;
 const OUTPUT_CAP: usize = 1024 * 1024;
 
 /// Executes in the run's sandbox with exactly its pinned packages mounted.
+#[derive(Deserialize)]
+struct ExecQuery {
+    #[serde(default)]
+    stream: bool,
+}
+
 async fn exec(
     State(s): State<SharedState>,
     Path((ws, run)): Path<(String, String)>,
+    Query(q): Query<ExecQuery>,
     headers: HeaderMap,
     Json(body): Json<ExecBody>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
+    if q.stream {
+        return Err(ApiError::bad_request(
+            "?stream=true (NDJSON) is not built in this version; call exec without it to get the whole result",
+        ));
+    }
     let (view, pins) = s.registry.exec_context(&ws, &run).await?;
     let Some(sandbox_rt) = s.sandbox.clone() else {
         return Err(skillbox_registry::RegistryError::BoxUnavailable(

@@ -328,11 +328,29 @@ async fn concurrent_runs_execute_their_own_revisions() {
         if i == 1 {
             publish(&c, &s, ADMIN, "acme", "hello", 1, versioned("v2", &[])).await;
         }
-        let want = if i == 0 || i % 2 == 0 && i > 1 { "v1" } else { "v2" };
-        let r = c.post(s.ws("acme", "runs")).bearer_auth(ADMIN).json(&json!({})).send().await.unwrap();
-        let run = r.json::<Value>().await.unwrap()["run_id"].as_str().unwrap().to_string();
+        let want = if i == 0 || i % 2 == 0 && i > 1 {
+            "v1"
+        } else {
+            "v2"
+        };
+        let r = c
+            .post(s.ws("acme", "runs"))
+            .bearer_auth(ADMIN)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        let run = r.json::<Value>().await.unwrap()["run_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let rev = if want == "v1" { 1 } else { 2 };
-        c.post(s.ws("acme", &format!("runs/{run}/activations"))).bearer_auth(ADMIN).json(&json!({"skill": "hello", "revision": rev})).send().await.unwrap();
+        c.post(s.ws("acme", &format!("runs/{run}/activations")))
+            .bearer_auth(ADMIN)
+            .json(&json!({"skill": "hello", "revision": rev}))
+            .send()
+            .await
+            .unwrap();
         runs.push((run, want));
     }
     let publisher = {
@@ -340,7 +358,14 @@ async fn concurrent_runs_execute_their_own_revisions() {
         tokio::spawn(async move {
             for base in 2..6 {
                 let body = versioned(&format!("v{}", base + 1), &[]);
-                let r = c.post(format!("{url}?base_revision={base}")).bearer_auth(ADMIN).header("content-type", "application/x-tar").body(body).send().await.unwrap();
+                let r = c
+                    .post(format!("{url}?base_revision={base}"))
+                    .bearer_auth(ADMIN)
+                    .header("content-type", "application/x-tar")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
                 assert_eq!(r.status(), 201);
             }
         })
@@ -350,8 +375,21 @@ async fn concurrent_runs_execute_their_own_revisions() {
         let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
         tasks.push(tokio::spawn(async move {
             for _ in 0..4 {
-                let v: Value = c.post(&url).bearer_auth(ADMIN).json(&json!({"skill": "hello", "argv": ["./scripts/run.sh"]})).send().await.unwrap().json().await.unwrap();
-                assert_eq!(v["stdout"].as_str(), Some(format!("I am {want}\n").as_str()), "{v}");
+                let v: Value = c
+                    .post(&url)
+                    .bearer_auth(ADMIN)
+                    .json(&json!({"skill": "hello", "argv": ["./scripts/run.sh"]}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    v["stdout"].as_str(),
+                    Some(format!("I am {want}\n").as_str()),
+                    "{v}"
+                );
                 assert_eq!(v["packages"].as_array().unwrap().len(), 1);
             }
         }));
@@ -370,22 +408,51 @@ async fn server_restart_between_executions_keeps_the_pin() {
     let c = http();
     publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
     let run = new_run(&c, &s, &["hello"]).await;
-    let (_, v) = exec(&c, &s, &run, json!({"skill": "hello", "command": "./scripts/run.sh; echo mark > /workspace/m"})).await;
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh; echo mark > /workspace/m"}),
+    )
+    .await;
     assert_eq!(v["stdout"], "I am v1\n");
     publish(&c, &s, ADMIN, "acme", "hello", 1, versioned("v2", &[])).await;
     s.kill9();
     let s = Server::start_on(dir.path(), port, &["--box", "bwrap"]);
     // the tree of the pinned revision vanished while the server was down: rebuilt and verified
-    let digest = v["packages"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    let digest = v["packages"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("sha256:")
+        .to_string();
     skillbox_package::staging::remove_tree(&dir.path().join("trees").join(&digest)).unwrap();
-    let (st, v) = exec(&c, &s, &run, json!({"skill": "hello", "command": "./scripts/run.sh; cat /workspace/m"})).await;
+    let (st, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh; cat /workspace/m"}),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["stdout"], "I am v1\nmark\n", "after a restart the run still executes its pin, with its workspace");
+    assert_eq!(
+        v["stdout"], "I am v1\nmark\n",
+        "after a restart the run still executes its pin, with its workspace"
+    );
     // if the content is gone too, the run fails explicitly — never falls back to v2
     skillbox_package::staging::remove_tree(&dir.path().join("trees").join(&digest)).unwrap();
     let script_blob = skillbox_package::Sha256::of(b"#!/bin/sh\necho \"I am v1\"\n").to_hex();
     std::fs::remove_file(dir.path().join("store/blobs/sha256").join(script_blob)).unwrap();
-    let (st, v) = exec(&c, &s, &run, json!({"skill": "hello", "argv": ["./scripts/run.sh"]})).await;
-    assert_eq!((st, error_code(&v)), (410, "pinned_revision_unavailable"), "{v}");
+    let (st, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"skill": "hello", "argv": ["./scripts/run.sh"]}),
+    )
+    .await;
+    assert_eq!(
+        (st, error_code(&v)),
+        (410, "pinned_revision_unavailable"),
+        "{v}"
+    );
     assert_eq!(v["error"]["revision"], 1);
 }
