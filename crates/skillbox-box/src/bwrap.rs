@@ -76,6 +76,7 @@ impl Bwrap {
     /// Runs `/bin/true` in a minimal sandbox: Ok with what works, or why not and what to do.
     pub fn probe(&self) -> Result<String, BoxError> {
         let sandbox = Sandbox {
+            id: "probe".into(),
             workspace_dir: std::env::temp_dir(),
             mounts: vec![],
             network: false,

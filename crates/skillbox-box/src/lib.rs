@@ -10,6 +10,7 @@
 //! fallback to running on the host.
 
 pub mod bwrap;
+pub mod prepare;
 
 use skillbox_package::Digest;
 use std::collections::{BTreeMap, HashMap};
@@ -26,11 +27,15 @@ pub struct Mount {
     /// The verified, read-only tree on the host.
     pub source: PathBuf,
     pub digest: Digest,
+    /// What the package must contain (copy mode verifies against it).
+    pub manifest: Arc<skillbox_package::Manifest>,
 }
 
 /// What an execution runs in.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
+    /// Stable name of the sandbox (the server uses the run id): keys its prepared packages.
+    pub id: String,
     /// Host directory bound writable at `/workspace`; outlives executions.
     pub workspace_dir: PathBuf,
     /// Exactly the packages of the run, nothing else.
@@ -176,25 +181,46 @@ impl Executions {
     }
 }
 
-/// The box: a backend and the executions it runs.
+/// The box: a backend, the executions it runs, and — in copy mode — its prepared packages.
 pub struct BoxRuntime {
     pub backend: Arc<dyn Backend>,
     pub executions: Executions,
+    /// Copy mode: packages are copied and verified instead of bound from the host tree.
+    pub copies: Option<prepare::PreparedStore>,
 }
 
 impl BoxRuntime {
-    pub fn new(backend: Arc<dyn Backend>) -> Self {
+    pub fn new(backend: Arc<dyn Backend>, copies: Option<prepare::PreparedStore>) -> Self {
         BoxRuntime {
             backend,
             executions: Executions::default(),
+            copies,
         }
     }
 
+    /// Reconciles the sandbox's packages with the mount set, then executes. In copy mode each
+    /// package is (re-)verified against its manifest first and prepared afresh if it is
+    /// missing or differs; a package that cannot be verified refuses the execution.
     pub async fn exec(&self, sandbox: &Sandbox, req: ExecRequest) -> Result<ExecResult, BoxError> {
         self.backend.prepare_workspace(&sandbox.workspace_dir)?;
+        let mut sandbox = sandbox.clone();
+        if let Some(store) = self.copies.clone() {
+            let (id, mounts) = (sandbox.id.clone(), sandbox.mounts.clone());
+            let prepared = tokio::task::spawn_blocking(move || {
+                mounts
+                    .iter()
+                    .map(|m| store.ensure(&id, m, &m.manifest))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .await
+            .map_err(|e| BoxError::Unavailable(format!("preparation task failed: {e}")))??;
+            for (m, dir) in sandbox.mounts.iter_mut().zip(prepared) {
+                m.source = dir;
+            }
+        }
         let (_guard, kill) = self
             .executions
             .register(sandbox.mounts.iter().map(|m| m.target.clone()).collect());
-        self.backend.exec(sandbox, req, kill).await
+        self.backend.exec(&sandbox, req, kill).await
     }
 }

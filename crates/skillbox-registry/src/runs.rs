@@ -803,11 +803,15 @@ impl Registry {
     /// What an execution of the run mounts: every pin with its revision-cache tree (rebuilt
     /// from the content store if it went missing). Revoked pins refuse the execution with
     /// `revision_revoked`; pins whose content is gone with `pinned_revision_unavailable`.
+    #[allow(clippy::type_complexity)]
     pub async fn exec_context(
         &self,
         workspace: &str,
         run_id: &str,
-    ) -> Result<(RunView, Vec<(Pin, std::path::PathBuf)>)> {
+    ) -> Result<(
+        RunView,
+        Vec<(Pin, std::path::PathBuf, Arc<skillbox_package::Manifest>)>,
+    )> {
         let view = self.run(workspace, run_id).await?;
         if view.state != "active" {
             return Err(run_state_error(run_id, &view.state));
@@ -822,19 +826,18 @@ impl Registry {
             if !tree.is_dir() {
                 let (cache, content) = (self.cache.clone(), self.content.clone());
                 let rt = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || {
-                    cache.ensure(&d, &manifest, None, &content, &rt)
-                })
-                .await
-                .map_err(RegistryError::internal)?
-                .map_err(|e| RegistryError::PinnedRevisionUnavailable {
-                    skill: pin.skill.clone(),
-                    skill_id: pin.skill_id.clone(),
-                    revision: pin.revision,
-                    reason: format!("its tree cannot be rebuilt ({e})"),
-                })?;
+                let m = manifest.clone();
+                tokio::task::spawn_blocking(move || cache.ensure(&d, &m, None, &content, &rt))
+                    .await
+                    .map_err(RegistryError::internal)?
+                    .map_err(|e| RegistryError::PinnedRevisionUnavailable {
+                        skill: pin.skill.clone(),
+                        skill_id: pin.skill_id.clone(),
+                        revision: pin.revision,
+                        reason: format!("its tree cannot be rebuilt ({e})"),
+                    })?;
             }
-            out.push((pin.clone(), tree));
+            out.push((pin.clone(), tree, manifest));
         }
         self.touch_lease(run_id, view.ttl_seconds * 1000, view.expires_at)
             .await?;

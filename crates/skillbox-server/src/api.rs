@@ -938,7 +938,7 @@ async fn exec(
         (None, Some(skill)) => {
             let pin = pins
                 .iter()
-                .find(|(p, _)| &p.skill == skill)
+                .find(|(p, _, _)| &p.skill == skill)
                 .ok_or_else(|| {
                     skillbox_registry::RegistryError::NotActivated(format!(
                         "skill {skill:?} is not activated in run {run}; activate it first"
@@ -951,10 +951,11 @@ async fn exec(
     let timeout_ms = body.timeout_ms.unwrap_or(60_000).clamp(1, MAX_TIMEOUT_MS);
     let mounts: Vec<skillbox_box::Mount> =
         pins.iter()
-            .map(|(p, tree)| {
+            .map(|(p, tree, manifest)| {
                 Ok(skillbox_box::Mount {
                     target: skillbox_registry::runs::mount_path(&p.skill_id, p.revision),
                     source: tree.clone(),
+                    manifest: manifest.clone(),
                     digest: p.digest.parse().map_err(
                         |e: skillbox_package::digest::BadDigest| ApiError::internal(e.to_string()),
                     )?,
@@ -962,6 +963,7 @@ async fn exec(
             })
             .collect::<ApiResult<_>>()?;
     let sandbox = skillbox_box::Sandbox {
+        id: run.clone(),
         workspace_dir: s.registry.data_dir().join("box/workspaces").join(&run),
         mounts,
         network: false,
@@ -989,7 +991,7 @@ async fn exec(
     }
     let packages: Vec<Value> = pins
         .iter()
-        .map(|(p, _)| json!({"skill": p.skill, "revision": p.revision, "digest": p.digest}))
+        .map(|(p, _, _)| json!({"skill": p.skill, "revision": p.revision, "digest": p.digest}))
         .collect();
     let mut v = to_json(&result)?;
     v["stdout"] = json!(String::from_utf8_lossy(&result.stdout));

@@ -20,6 +20,10 @@ pub struct ServeArgs {
     /// Sandbox backend: bwrap, docker or none (default: bwrap when its probe passes, else none).
     #[arg(long = "box", env = "SKILLBOX_BOX")]
     pub box_backend: Option<String>,
+    /// Copy packages into sandbox storage and verify them (instead of binding the revision
+    /// cache read-only). Used when the executor cannot see the revision cache; forced in tests.
+    #[arg(long, env = "SKILLBOX_BOX_COPY_MODE")]
+    pub box_copy_mode: bool,
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
@@ -102,7 +106,7 @@ fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&a.log_format);
-    let sandbox = choose_box(a.box_backend.as_deref(), &a.data_dir)?;
+    let sandbox = choose_box(a.box_backend.as_deref(), &a.data_dir, a.box_copy_mode)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -143,6 +147,7 @@ pub const SANDBOX_UID: u32 = 65534;
 fn choose_box(
     asked: Option<&str>,
     data_dir: &Path,
+    copy_mode: bool,
 ) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
     let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
         let b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
@@ -157,7 +162,18 @@ fn choose_box(
             std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode | 0o001))?;
             tracing::info!(data_dir = %data_dir.display(), "made the data directory traversable for the sandbox uid");
         }
-        Ok(Arc::new(skillbox_box::BoxRuntime::new(Arc::new(b))))
+        let copies = if copy_mode {
+            let store = skillbox_box::prepare::PreparedStore::new(data_dir.join("box/prepared"))?;
+            let swept = store.sweep()?;
+            tracing::info!(
+                swept,
+                "copy mode: packages are copied into sandbox storage and verified before every execution"
+            );
+            Some(store)
+        } else {
+            None
+        };
+        Ok(Arc::new(skillbox_box::BoxRuntime::new(Arc::new(b), copies)))
     };
     match asked {
         Some("none") => Ok(None),

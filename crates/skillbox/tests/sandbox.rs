@@ -456,3 +456,122 @@ async fn server_restart_between_executions_keeps_the_pin() {
     );
     assert_eq!(v["error"]["revision"], 1);
 }
+
+/// SPEC §8.2 in copy mode: a truncated, corrupted, incomplete, padded or interrupted transfer
+/// never executes; the next attempt prepares a complete, verified package. A prepared copy
+/// tampered with on disk is detected and prepared afresh (§8.3, box part).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_mode_never_executes_a_bad_transfer() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut s = Server::start_on(dir.path(), port, &["--box", "bwrap", "--box-copy-mode"]);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("v1", &[("data.bin", &[7u8; 4096])]),
+    )
+    .await;
+    let failpoint = dir.path().join("box/prepared/FAILPOINT");
+    for fault in ["truncate", "flip", "missing", "extra", "crash"] {
+        let run = new_run(&c, &s, &["hello"]).await;
+        let marker = dir.path().join(format!("box/workspaces/{run}/ran"));
+        std::fs::write(&failpoint, fault).unwrap();
+        let body = json!({"skill": "hello", "command": "touch /workspace/ran; ./scripts/run.sh"});
+        let (st, v) = exec(&c, &s, &run, body.clone()).await;
+        assert_eq!(
+            (st, error_code(&v)),
+            (503, "box_unavailable"),
+            "{fault}: {v}"
+        );
+        assert!(!marker.exists(), "{fault}: the bad transfer executed");
+        assert!(!failpoint.exists(), "{fault}: failpoint not consumed");
+        let (st, v) = exec(&c, &s, &run, body).await;
+        assert_eq!(
+            (st, v["stdout"].as_str()),
+            (200, Some("I am v1\n")),
+            "{fault}: {v}"
+        );
+        assert!(marker.exists());
+        if fault == "crash" {
+            let leftovers: Vec<_> =
+                std::fs::read_dir(dir.path().join(format!("box/prepared/{run}")))
+                    .unwrap()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(".staging-"))
+                    .collect();
+            assert_eq!(
+                leftovers.len(),
+                1,
+                "the interrupted staging is left for the sweep, never used"
+            );
+        }
+    }
+
+    // tamper with a prepared copy: detected before the next execution and prepared afresh
+    let run = new_run(&c, &s, &["hello"]).await;
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"skill": "hello", "argv": ["./scripts/run.sh"]}),
+    )
+    .await;
+    assert_eq!(v["stdout"], "I am v1\n");
+    let prepared = std::fs::read_dir(dir.path().join(format!("box/prepared/{run}")))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let script = prepared.join("pkg/scripts/run.sh");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        prepared.join("pkg/scripts"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(&script, "#!/bin/sh\necho tampered\n").unwrap();
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"skill": "hello", "argv": ["./scripts/run.sh"]}),
+    )
+    .await;
+    assert_eq!(
+        v["stdout"], "I am v1\n",
+        "a tampered copy was executed as is"
+    );
+
+    // a restart sweeps abandoned staging
+    s.kill9();
+    let s = Server::start_on(dir.path(), port, &["--box", "bwrap", "--box-copy-mode"]);
+    let mut staging = 0;
+    for sandbox in std::fs::read_dir(dir.path().join("box/prepared"))
+        .unwrap()
+        .flatten()
+    {
+        if sandbox.path().is_dir() {
+            staging += std::fs::read_dir(sandbox.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+                .count();
+        }
+    }
+    assert_eq!(staging, 0, "abandoned staging survived a restart");
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        json!({"skill": "hello", "argv": ["./scripts/run.sh"]}),
+    )
+    .await;
+    assert_eq!(v["stdout"], "I am v1\n");
+}

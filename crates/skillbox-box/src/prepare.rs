@@ -1,0 +1,181 @@
+//! Copy mode: packages copied into sandbox storage and verified before anything runs.
+//!
+//! Used when the executor cannot see the revision cache (and forced for tests). Layout per
+//! sandbox: `<root>/<sandbox>/<key>/pkg/…` (the package) and `<root>/<sandbox>/<key>/READY`
+//! (the digest), where `<key>` is derived from the mount target. A package is built in a fresh
+//! `.staging-*` directory — copied, every file's size and SHA-256 checked against the manifest,
+//! no extra file allowed, made read-only, `READY` written last — and only then renamed into
+//! place. A prepared package is re-verified before every execution; one that differs is moved
+//! aside and prepared afresh, never repaired in place. Abandoned staging is removed.
+//!
+//! Failpoints (tests only): a file `<root>/FAILPOINT` naming `truncate`, `flip`, `missing`,
+//! `extra` or `crash` corrupts the next transfer that way (and is consumed), so the tests can
+//! show that a bad transfer never executes and the next attempt prepares a complete package.
+
+use crate::{BoxError, Mount};
+use skillbox_package::write::{DirWriteOptions, finish_tree};
+use skillbox_package::{Limits, Manifest, Sha256, StagingDir, intake, staging::remove_tree};
+use std::path::{Path, PathBuf};
+
+pub const READY: &str = "READY";
+
+#[derive(Debug, Clone)]
+pub struct PreparedStore {
+    root: PathBuf,
+}
+
+fn key_of(target: &str) -> String {
+    Sha256::of(target.as_bytes()).to_hex()[..32].to_string()
+}
+
+/// Does `pkg` hold exactly `manifest`'s files with their sizes, hashes and exec bits?
+pub fn verify(pkg: &Path, manifest: &Manifest) -> Result<(), String> {
+    let scanned = intake::scan_dir_raw(pkg, &Limits::unbounded()).map_err(|e| e.to_string())?;
+    if !scanned.problems.is_empty() {
+        return Err(format!("{:?}", scanned.problems));
+    }
+    let found = Manifest::new(scanned.files).map_err(|e| e.to_string())?;
+    if found != *manifest {
+        let missing = manifest
+            .entries()
+            .iter()
+            .filter(|e| found.get(&e.path) != Some(e))
+            .map(|e| e.path.as_str())
+            .collect::<Vec<_>>();
+        let extra = found
+            .entries()
+            .iter()
+            .filter(|e| manifest.get(&e.path).is_none())
+            .map(|e| e.path.as_str())
+            .collect::<Vec<_>>();
+        return Err(format!(
+            "differs from the manifest (wrong or missing: {missing:?}; extra: {extra:?})"
+        ));
+    }
+    Ok(())
+}
+
+impl PreparedStore {
+    pub fn new(root: PathBuf) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&root)?;
+        Ok(PreparedStore { root })
+    }
+
+    /// Removes abandoned staging of every sandbox (a crash between copy and rename).
+    pub fn sweep(&self) -> std::io::Result<usize> {
+        let mut n = 0;
+        for sandbox in std::fs::read_dir(&self.root)?.flatten() {
+            if !sandbox.file_type()?.is_dir() {
+                continue;
+            }
+            for e in std::fs::read_dir(sandbox.path())?.flatten() {
+                if e.file_name().to_string_lossy().starts_with('.') {
+                    remove_tree(&e.path())?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn take_failpoint(&self) -> Option<String> {
+        let f = self.root.join("FAILPOINT");
+        let name = std::fs::read_to_string(&f).ok()?;
+        std::fs::remove_file(&f).ok()?;
+        Some(name.trim().to_string())
+    }
+
+    /// The verified read-only package directory for `mount` in `sandbox`, prepared if needed.
+    pub fn ensure(
+        &self,
+        sandbox: &str,
+        mount: &Mount,
+        manifest: &Manifest,
+    ) -> Result<PathBuf, BoxError> {
+        let dir = self.root.join(sandbox);
+        std::fs::create_dir_all(&dir)?;
+        let place = dir.join(key_of(&mount.target));
+        let pkg = place.join("pkg");
+        if place.exists() {
+            let ready = std::fs::read_to_string(place.join(READY)).unwrap_or_default();
+            if ready == mount.digest.to_string() && verify(&pkg, manifest).is_ok() {
+                return Ok(pkg);
+            }
+            tracing::warn!(target = %mount.target, "prepared package failed verification; preparing it afresh");
+            let aside = dir.join(format!(
+                ".stale-{}",
+                skillbox_package::staging::unique_name("")
+            ));
+            std::fs::rename(&place, &aside)?;
+            remove_tree(&aside)?;
+        }
+        let staging = StagingDir::new_in(&dir, ".staging-")?;
+        let copy = staging.path().join("pkg");
+        std::fs::create_dir(&copy)?;
+        for e in manifest.entries() {
+            let to = copy.join(&e.path);
+            if let Some(p) = to.parent() {
+                std::fs::create_dir_all(p)?;
+            }
+            std::fs::copy(mount.source.join(&e.path), &to)?;
+        }
+        let fault = self.take_failpoint();
+        match fault.as_deref() {
+            Some("truncate") | Some("flip") | Some("missing") | Some("extra") => {
+                inject(&copy, manifest, fault.as_deref().unwrap_or(""))?
+            }
+            Some("crash") => {
+                // As if the process died here: staging stays behind, nothing is in place.
+                let _ = staging.keep();
+                return Err(BoxError::Unavailable(
+                    "package preparation was interrupted; nothing was executed".into(),
+                ));
+            }
+            _ => {}
+        }
+        if let Err(why) = verify(&copy, manifest) {
+            return Err(BoxError::Unavailable(format!(
+                "the copy of {} failed verification ({why}); nothing was executed — retry",
+                mount.target
+            )));
+        }
+        finish_tree(
+            &copy,
+            DirWriteOptions {
+                read_only: true,
+                sync: false,
+            },
+        )?;
+        std::fs::write(staging.path().join(READY), mount.digest.to_string())?;
+        // Staging is private (0700); the sandbox uid must traverse the placed package.
+        std::fs::set_permissions(
+            staging.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+        staging.commit(None, &place)?;
+        Ok(pkg)
+    }
+}
+
+fn inject(copy: &Path, manifest: &Manifest, fault: &str) -> std::io::Result<()> {
+    let Some(victim) = manifest.entries().iter().max_by_key(|e| e.size) else {
+        return Ok(());
+    };
+    let path = copy.join(&victim.path);
+    match fault {
+        "truncate" => std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)?
+            .set_len(victim.size / 2),
+        "flip" => {
+            let mut bytes = std::fs::read(&path)?;
+            if let Some(b) = bytes.first_mut() {
+                *b ^= 0x01;
+            }
+            std::fs::write(&path, bytes)
+        }
+        "missing" => std::fs::remove_file(&path),
+        "extra" => std::fs::write(copy.join("planted.sh"), b"#!/bin/sh\necho planted\n"),
+        _ => Ok(()),
+    }
+}
