@@ -7,7 +7,8 @@
 //! workspace must be reachable by it (the server makes its data directory traversable).
 
 use crate::{
-    Backend, BoxError, Capabilities, ExecFuture, ExecRequest, ExecResult, Outcome, Program, Sandbox,
+    Backend, BoxError, Capabilities, ExecFuture, ExecRequest, ExecResult, Outcome, OutputSink,
+    Program, Sandbox, StreamKind,
 };
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -193,7 +194,13 @@ restriction); skillbox never falls back to running unsandboxed"
 }
 
 /// Reads a stream to its end, keeping at most `cap` bytes.
-async fn read_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, bool) {
+/// Reads a stream to its end, keeping at most `cap` bytes, and forwarding what it keeps to
+/// `live` as it arrives (streamed executions).
+async fn read_capped(
+    mut r: impl AsyncRead + Unpin,
+    cap: usize,
+    live: Option<(OutputSink, StreamKind)>,
+) -> (Vec<u8>, bool) {
     let mut kept = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut truncated = false;
@@ -202,7 +209,11 @@ async fn read_capped(mut r: impl AsyncRead + Unpin, cap: usize) -> (Vec<u8>, boo
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 let room = cap.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                let take = n.min(room);
+                if let (Some((sink, kind)), true) = (&live, take > 0) {
+                    let _ = sink.send((*kind, buf[..take].to_vec()));
+                }
+                kept.extend_from_slice(&buf[..take]);
                 truncated |= n > room;
             }
         }
@@ -267,12 +278,14 @@ impl Backend for Bwrap {
                     let _ = sin.write_all(&data).await;
                 });
             }
+            let live = |kind| req.live.clone().map(|sink| (sink, kind));
             let out = tokio::spawn(read_capped(
                 child
                     .stdout
                     .take()
                     .ok_or_else(|| BoxError::BadRequest("no stdout".into()))?,
                 req.output_cap,
+                live(StreamKind::Stdout),
             ));
             let err = tokio::spawn(read_capped(
                 child
@@ -280,6 +293,7 @@ impl Backend for Bwrap {
                     .take()
                     .ok_or_else(|| BoxError::BadRequest("no stderr".into()))?,
                 req.output_cap,
+                live(StreamKind::Stderr),
             ));
             // Killing bwrap kills the sandbox: its init dies (--die-with-parent), and with it
             // every process of the pid namespace.

@@ -59,7 +59,19 @@ pub struct ExecRequest {
     pub timeout: Duration,
     /// Bytes kept of each of stdout and stderr; the rest is read and dropped.
     pub output_cap: usize,
+    /// Streamed execution: kept output is also sent here as it arrives.
+    pub live: Option<OutputSink>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    Stdout,
+    Stderr,
+}
+
+/// Where a streamed execution's output goes, chunk by chunk.
+pub type OutputSink = tokio::sync::mpsc::UnboundedSender<(StreamKind, Vec<u8>)>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -889,26 +889,23 @@ struct ExecBody {
 const MAX_TIMEOUT_MS: u64 = 600_000;
 const OUTPUT_CAP: usize = 1024 * 1024;
 
-/// Executes in the run's sandbox with exactly its pinned packages mounted.
 #[derive(Deserialize)]
 struct ExecQuery {
     #[serde(default)]
     stream: bool,
 }
 
+/// Executes in the run's sandbox with exactly its pinned packages mounted. With
+/// `?stream=true` the answer is NDJSON: `{"type":"stdout"|"stderr","data":…}` lines as output
+/// arrives, then one `{"type":"exit",…}` (or `{"type":"error","error":…}`) line.
 async fn exec(
     State(s): State<SharedState>,
     Path((ws, run)): Path<(String, String)>,
     Query(q): Query<ExecQuery>,
     headers: HeaderMap,
     Json(body): Json<ExecBody>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
-    if q.stream {
-        return Err(ApiError::bad_request(
-            "?stream=true (NDJSON) is not built in this version; call exec without it to get the whole result",
-        ));
-    }
     let (view, pins) = s.registry.exec_context(&ws, &run).await?;
     let Some(sandbox_rt) = s.sandbox.clone() else {
         return Err(skillbox_registry::RegistryError::BoxUnavailable(
@@ -948,7 +945,6 @@ async fn exec(
         }
         (None, None) => "/workspace".into(),
     };
-    let timeout_ms = body.timeout_ms.unwrap_or(60_000).clamp(1, MAX_TIMEOUT_MS);
     let mounts: Vec<skillbox_box::Mount> =
         pins.iter()
             .map(|(p, tree, manifest)| {
@@ -968,15 +964,73 @@ async fn exec(
         mounts,
         network: false,
     };
+    let (live, chunks) = if q.stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let req = skillbox_box::ExecRequest {
         program,
         cwd,
         env: body.env,
         stdin: body.stdin.map(String::into_bytes),
-        timeout: std::time::Duration::from_millis(timeout_ms),
+        timeout: std::time::Duration::from_millis(
+            body.timeout_ms.unwrap_or(60_000).clamp(1, MAX_TIMEOUT_MS),
+        ),
         output_cap: OUTPUT_CAP,
+        live,
     };
-    let result = sandbox_rt.exec(&sandbox, req).await.map_err(|e| match e {
+    let mut summary = json!({
+        "sandbox_id": run,
+        "backend": caps.backend,
+        "packages": pins.iter().map(|(p, _, _)| json!({"skill": p.skill, "revision": p.revision, "digest": p.digest})).collect::<Vec<_>>(),
+    });
+    let Some(chunks) = chunks else {
+        let result = finish_exec(sandbox_rt.exec(&sandbox, req).await)?;
+        summary["stdout"] = json!(String::from_utf8_lossy(&result.stdout));
+        summary["stderr"] = json!(String::from_utf8_lossy(&result.stderr));
+        merge(&mut summary, to_json(&result)?);
+        return Ok(Json(summary).into_response());
+    };
+    let running = tokio::spawn(async move { sandbox_rt.exec(&sandbox, req).await });
+    let lines =
+        futures_util::stream::unfold(Some((chunks, running, summary)), |state| async move {
+            let (mut chunks, running, summary) = state?;
+            if let Some((kind, data)) = chunks.recv().await {
+                let line = json!({"type": kind, "data": String::from_utf8_lossy(&data)});
+                return Some((
+                    Ok::<_, std::convert::Infallible>(format!("{line}\n")),
+                    Some((chunks, running, summary)),
+                ));
+            }
+            let outcome = match running.await {
+                Ok(r) => finish_exec(r),
+                Err(e) => Err(ApiError::internal(format!("execution task failed: {e}"))),
+            };
+            let line = match outcome.and_then(|r| to_json(&r)) {
+                Ok(result) => {
+                    let mut v = summary;
+                    merge(&mut v, result);
+                    v["type"] = json!("exit");
+                    v
+                }
+                Err(e) => json!({"type": "error", "error": {"code": e.code, "message": e.message}}),
+            };
+            Some((Ok(format!("{line}\n")), None))
+        });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+/// Maps the box's answer: a revocation kill is `revision_revoked`.
+fn finish_exec(
+    r: Result<skillbox_box::ExecResult, skillbox_box::BoxError>,
+) -> ApiResult<skillbox_box::ExecResult> {
+    let result = r.map_err(|e| match e {
         skillbox_box::BoxError::BadRequest(m) => ApiError::bad_request(m),
         skillbox_box::BoxError::Unavailable(m) => {
             skillbox_registry::RegistryError::BoxUnavailable(m).into()
@@ -989,17 +1043,13 @@ async fn exec(
         )
         .into());
     }
-    let packages: Vec<Value> = pins
-        .iter()
-        .map(|(p, _, _)| json!({"skill": p.skill, "revision": p.revision, "digest": p.digest}))
-        .collect();
-    let mut v = to_json(&result)?;
-    v["stdout"] = json!(String::from_utf8_lossy(&result.stdout));
-    v["stderr"] = json!(String::from_utf8_lossy(&result.stderr));
-    v["sandbox_id"] = json!(run);
-    v["backend"] = json!(caps.backend);
-    v["packages"] = json!(packages);
-    Ok(Json(v))
+    Ok(result)
+}
+
+fn merge(into: &mut Value, from: Value) {
+    if let (Value::Object(a), Value::Object(b)) = (into, from) {
+        a.extend(b);
+    }
 }
 
 /// Run drafts are not built yet: answered explicitly rather than pretended.
