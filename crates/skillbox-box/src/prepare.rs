@@ -13,8 +13,9 @@
 //! show that a bad transfer never executes and the next attempt prepares a complete package.
 
 use crate::{BoxError, Mount};
+use skillbox_package::intake::verify_tree;
 use skillbox_package::write::{DirWriteOptions, finish_tree};
-use skillbox_package::{Limits, Manifest, Sha256, StagingDir, intake, staging::remove_tree};
+use skillbox_package::{Manifest, Sha256, StagingDir, staging::remove_tree};
 use std::path::{Path, PathBuf};
 
 pub const READY: &str = "READY";
@@ -26,33 +27,6 @@ pub struct PreparedStore {
 
 fn key_of(target: &str) -> String {
     Sha256::of(target.as_bytes()).to_hex()[..32].to_string()
-}
-
-/// Does `pkg` hold exactly `manifest`'s files with their sizes, hashes and exec bits?
-pub fn verify(pkg: &Path, manifest: &Manifest) -> Result<(), String> {
-    let scanned = intake::scan_dir_raw(pkg, &Limits::unbounded()).map_err(|e| e.to_string())?;
-    if !scanned.problems.is_empty() {
-        return Err(format!("{:?}", scanned.problems));
-    }
-    let found = Manifest::new(scanned.files).map_err(|e| e.to_string())?;
-    if found != *manifest {
-        let missing = manifest
-            .entries()
-            .iter()
-            .filter(|e| found.get(&e.path) != Some(e))
-            .map(|e| e.path.as_str())
-            .collect::<Vec<_>>();
-        let extra = found
-            .entries()
-            .iter()
-            .filter(|e| manifest.get(&e.path).is_none())
-            .map(|e| e.path.as_str())
-            .collect::<Vec<_>>();
-        return Err(format!(
-            "differs from the manifest (wrong or missing: {missing:?}; extra: {extra:?})"
-        ));
-    }
-    Ok(())
 }
 
 impl PreparedStore {
@@ -98,7 +72,7 @@ impl PreparedStore {
         let pkg = place.join("pkg");
         if place.exists() {
             let ready = std::fs::read_to_string(place.join(READY)).unwrap_or_default();
-            if ready == mount.digest.to_string() && verify(&pkg, manifest).is_ok() {
+            if ready == mount.digest.to_string() && verify_tree(&pkg, manifest).is_ok() {
                 return Ok(pkg);
             }
             tracing::warn!(target = %mount.target, "prepared package failed verification; preparing it afresh");
@@ -133,7 +107,7 @@ impl PreparedStore {
             }
             _ => {}
         }
-        if let Err(why) = verify(&copy, manifest) {
+        if let Err(why) = verify_tree(&copy, manifest) {
             return Err(BoxError::Unavailable(format!(
                 "the copy of {} failed verification ({why}); nothing was executed — retry",
                 mount.target

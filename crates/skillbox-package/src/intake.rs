@@ -10,7 +10,7 @@
 
 use crate::digest::{Hasher, Sha256};
 use crate::limits::Limits;
-use crate::manifest::FileEntry;
+use crate::manifest::{FileEntry, Manifest};
 use crate::paths::{MAX_COMPONENT_BYTES, MAX_PATH_BYTES, PathSet, check_path, check_path_with_max};
 use crate::problem::Problem;
 use std::cell::Cell;
@@ -579,6 +579,34 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
     Ok(filled)
+}
+
+/// Does the tree at `pkg` hold exactly `manifest`'s files, with their sizes, hashes and exec
+/// bits, and nothing else? (Prepared copies, revision-cache trees.) The error says what differs.
+pub fn verify_tree(pkg: &Path, manifest: &Manifest) -> Result<(), String> {
+    let scanned = scan_dir_raw(pkg, &Limits::unbounded()).map_err(|e| e.to_string())?;
+    if !scanned.problems.is_empty() {
+        return Err(format!("{:?}", scanned.problems));
+    }
+    let found = Manifest::new(scanned.files).map_err(|e| e.to_string())?;
+    if found != *manifest {
+        let missing = manifest
+            .entries()
+            .iter()
+            .filter(|e| found.get(&e.path) != Some(e))
+            .map(|e| e.path.as_str())
+            .collect::<Vec<_>>();
+        let extra = found
+            .entries()
+            .iter()
+            .filter(|e| manifest.get(&e.path).is_none())
+            .map(|e| e.path.as_str())
+            .collect::<Vec<_>>();
+        return Err(format!(
+            "differs from the manifest (wrong or missing: {missing:?}; extra: {extra:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// A file found by a directory scan, not yet hashed.

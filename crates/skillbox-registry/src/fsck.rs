@@ -3,7 +3,7 @@
 use crate::Registry;
 use crate::error::Result;
 use serde::Serialize;
-use skillbox_package::{Digest, Limits, Sha256, intake};
+use skillbox_package::{Digest, Sha256, intake};
 use std::collections::HashSet;
 
 #[derive(Debug, Clone, Serialize)]
@@ -74,16 +74,14 @@ impl Registry {
                 continue;
             }
             trees_checked += 1;
-            let scanned = tokio::task::spawn_blocking(move || {
-                intake::scan_dir_raw(&tree, &Limits::unbounded())
-            })
-            .await
-            .map_err(crate::RegistryError::internal)??;
-            let found = skillbox_package::Manifest::new(scanned.files).map(|m| m.digest());
-            if !scanned.problems.is_empty() || found.as_ref().ok() != Some(&digest) {
+            let checked =
+                tokio::task::spawn_blocking(move || intake::verify_tree(&tree, &manifest))
+                    .await
+                    .map_err(crate::RegistryError::internal)?;
+            if let Err(why) = checked {
                 push(
                     object,
-                    "revision-cache tree does not match the manifest".into(),
+                    format!("revision-cache tree does not match the manifest: {why}"),
                 );
             }
         }

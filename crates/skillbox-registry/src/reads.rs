@@ -8,6 +8,9 @@ use skillbox_package::{Digest, FileEntry, Manifest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Files up to this size are read whole and answered in one write.
+const SMALL_FILE: u64 = 1024 * 1024;
+
 /// `rev` in a path: a number or `current`.
 #[derive(Debug, Clone, Copy)]
 pub enum RevSel {
@@ -156,12 +159,39 @@ impl Registry {
                 view.revision.revision
             ))
         })?;
-        let on_disk = self.cache.tree_path(&view.digest).join(&entry.path);
-        if on_disk.is_file() {
-            return Ok((entry, FileContent::Path(on_disk)));
+        match self.file_content(&view.digest, &entry).await? {
+            Some(content) => Ok((entry, content)),
+            None => Err(RegistryError::Internal(format!(
+                "blob {} missing from the content store",
+                entry.sha256
+            ))),
         }
-        let bytes = self.blob(&entry.sha256).await?;
-        Ok((entry, FileContent::Bytes(bytes)))
+    }
+
+    /// Where a file of a revision is: its revision-cache tree (files up to 1 MiB read whole,
+    /// answered in one write; larger ones streamed), else its blob; `None` if neither exists.
+    pub(crate) async fn file_content(
+        &self,
+        digest: &Digest,
+        entry: &FileEntry,
+    ) -> Result<Option<FileContent>> {
+        let on_disk = self.cache.tree_path(digest).join(&entry.path);
+        if entry.size <= SMALL_FILE {
+            // A page-cache read of up to 1 MiB costs less than streaming it through the
+            // blocking pool in chunks.
+            if let Ok(bytes) = std::fs::read(&on_disk)
+                && bytes.len() as u64 == entry.size
+            {
+                return Ok(Some(FileContent::Bytes(bytes.into())));
+            }
+        } else if on_disk.is_file() {
+            return Ok(Some(FileContent::Path(on_disk)));
+        }
+        Ok(self
+            .content
+            .get_blob(&entry.sha256)
+            .await?
+            .map(FileContent::Bytes))
     }
 
     pub(crate) async fn blob(&self, sha: &Sha256) -> Result<bytes::Bytes> {

@@ -18,8 +18,6 @@ use std::sync::Arc;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
 pub const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
-/// Pinned files up to this size are read whole and answered in one write.
-const SMALL_FILE: u64 = 1024 * 1024;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Pin {
@@ -499,20 +497,8 @@ impl Registry {
             self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
             self.pin_cache.forget(&key);
         }
-        let on_disk = self.cache.tree_path(&pin.digest).join(&entry.path);
-        if entry.size <= SMALL_FILE {
-            // A page-cache read of up to 1 MiB costs less than streaming it through the
-            // blocking pool in chunks.
-            if let Ok(bytes) = std::fs::read(&on_disk)
-                && bytes.len() as u64 == entry.size
-            {
-                return Ok((entry, FileContent::Bytes(bytes.into())));
-            }
-        } else if on_disk.is_file() {
-            return Ok((entry, FileContent::Path(on_disk)));
-        }
-        match self.content.get_blob(&entry.sha256).await? {
-            Some(bytes) => Ok((entry, FileContent::Bytes(bytes))),
+        match self.file_content(&pin.digest, &entry).await? {
+            Some(content) => Ok((entry, content)),
             None => Err(RegistryError::PinnedRevisionUnavailable {
                 skill: skill.to_string(),
                 skill_id: pin.skill_id.clone(),

@@ -415,12 +415,7 @@ pub(crate) async fn file_response(
     }
     let body = match content {
         FileContent::Bytes(b) => Body::from(b),
-        // Small files go out in one write; large ones stream.
-        FileContent::Path(p) if entry.size <= 64 * 1024 => Body::from(
-            tokio::fs::read(&p)
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?,
-        ),
+        // The registry reads small files whole (`file_content`); only large ones stream.
         FileContent::Path(p) => {
             let f = tokio::fs::File::open(&p)
                 .await
