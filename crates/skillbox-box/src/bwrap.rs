@@ -78,12 +78,14 @@ impl Bwrap {
     pub fn probe(&self) -> Result<String, BoxError> {
         let sandbox = Sandbox {
             id: "probe".into(),
-            workspace_dir: std::env::temp_dir(),
+            workspace_dir: None,
             mounts: vec![],
+            binds: vec![],
+            environment_of: None,
             network: false,
         };
         let mut args = self.wrapper_args();
-        args.extend(self.bwrap_args(&sandbox, "/", &Default::default(), false));
+        args.extend(self.bwrap_args(&sandbox, "/", &Default::default()));
         args.push("/bin/true".into());
         let out = std::process::Command::new("prlimit")
             .args(&args)
@@ -143,7 +145,6 @@ restriction); skillbox never falls back to running unsandboxed"
         sandbox: &Sandbox,
         cwd: &str,
         env: &std::collections::BTreeMap<String, String>,
-        workspace: bool,
     ) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| a.extend(items.iter().map(OsString::from));
@@ -169,16 +170,26 @@ restriction); skillbox never falls back to running unsandboxed"
             a.push(m.source.clone().into_os_string());
             a.push(m.target.clone().into());
         }
-        if workspace {
+        if let Some(dir) = &sandbox.workspace_dir {
             a.push("--bind".into());
-            a.push(sandbox.workspace_dir.clone().into_os_string());
+            a.push(dir.clone().into_os_string());
             a.push("/workspace".into());
+        }
+        for b in &sandbox.binds {
+            a.push(if b.writable { "--bind" } else { "--ro-bind" }.into());
+            a.push(b.source.clone().into_os_string());
+            a.push(b.target.clone().into());
         }
         let mut env = env.clone();
         env.entry("PATH".into())
             .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
-        env.entry("HOME".into())
-            .or_insert_with(|| "/workspace".into());
+        env.entry("HOME".into()).or_insert_with(|| {
+            if sandbox.workspace_dir.is_some() {
+                "/workspace".into()
+            } else {
+                "/tmp".into()
+            }
+        });
         env.entry("TMPDIR".into()).or_insert_with(|| "/tmp".into());
         env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
         for (k, v) in &env {
@@ -193,7 +204,6 @@ restriction); skillbox never falls back to running unsandboxed"
     }
 }
 
-/// Reads a stream to its end, keeping at most `cap` bytes.
 /// Reads a stream to its end, keeping at most `cap` bytes, and forwarding what it keeps to
 /// `live` as it arrives (streamed executions).
 async fn read_capped(
@@ -229,7 +239,11 @@ impl Backend for Bwrap {
         }
     }
 
-    fn prepare_workspace(&self, dir: &Path) -> Result<(), BoxError> {
+    fn system_identity(&self) -> String {
+        "host".into()
+    }
+
+    fn prepare_writable_dir(&self, dir: &Path) -> Result<(), BoxError> {
         if !dir.is_dir() {
             std::fs::create_dir_all(dir)?;
             std::os::unix::fs::chown(dir, Some(self.uid), Some(self.uid))?;
@@ -259,7 +273,7 @@ impl Backend for Bwrap {
                 Program::Shell(c) => vec!["/bin/sh".into(), "-c".into(), c.clone()],
             };
             let mut args = self.wrapper_args();
-            args.extend(self.bwrap_args(sandbox, &req.cwd, &req.env, true));
+            args.extend(self.bwrap_args(sandbox, &req.cwd, &req.env));
             args.extend(program.into_iter().map(OsString::from));
             let start = Instant::now();
             let mut child = tokio::process::Command::new("prlimit")

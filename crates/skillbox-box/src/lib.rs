@@ -10,6 +10,7 @@
 //! fallback to running on the host.
 
 pub mod bwrap;
+pub mod deps;
 pub mod prepare;
 
 use skillbox_package::Digest;
@@ -31,15 +32,30 @@ pub struct Mount {
     pub manifest: Arc<skillbox_package::Manifest>,
 }
 
+/// A host path bound into a sandbox besides its packages: a dependency environment
+/// (read-only), or the inputs and output directory of an environment build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub source: PathBuf,
+    pub target: String,
+    pub writable: bool,
+}
+
 /// What an execution runs in.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
     /// Stable name of the sandbox (the server uses the run id): keys its prepared packages.
     pub id: String,
-    /// Host directory bound writable at `/workspace`; outlives executions.
-    pub workspace_dir: PathBuf,
+    /// Host directory bound writable at `/workspace`; outlives executions. `None` for the
+    /// box's own work (probes, environment builds).
+    pub workspace_dir: Option<PathBuf>,
     /// Exactly the packages of the run, nothing else.
     pub mounts: Vec<Mount>,
+    /// Further binds; the runtime adds the dependency environment here.
+    pub binds: Vec<Bind>,
+    /// The mount target whose package's dependency environment (its `requirements.txt`) the
+    /// execution activates, if any.
+    pub environment_of: Option<String>,
     pub network: bool,
 }
 
@@ -113,6 +129,9 @@ pub enum BoxError {
     Unavailable(String),
     #[error("invalid execution request: {0}")]
     BadRequest(String),
+    /// A dependency environment could not be built (pip's reason is in the message).
+    #[error("dependency environment: {0}")]
+    Dependencies(String),
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -123,8 +142,11 @@ pub type ExecFuture<'a> =
 /// A sandbox backend.
 pub trait Backend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
-    /// Prepares a workspace directory so the sandbox can use it.
-    fn prepare_workspace(&self, dir: &std::path::Path) -> Result<(), BoxError>;
+    /// What the sandbox's system is (an image id; `host` for a backend that binds the host's
+    /// system): part of every dependency environment's key.
+    fn system_identity(&self) -> String;
+    /// Prepares a host directory the sandbox writes to (a workspace, an environment build).
+    fn prepare_writable_dir(&self, dir: &std::path::Path) -> Result<(), BoxError>;
     /// Runs one execution; `kill` resolves when it must be killed (revocation).
     fn exec<'a>(
         &'a self,
@@ -193,28 +215,43 @@ impl Executions {
     }
 }
 
-/// The box: a backend, the executions it runs, and — in copy mode — its prepared packages.
+/// The box: a backend, the executions it runs, its dependency environments and — in copy
+/// mode — its prepared packages.
 pub struct BoxRuntime {
     pub backend: Arc<dyn Backend>,
     pub executions: Executions,
     /// Copy mode: packages are copied and verified instead of bound from the host tree.
     pub copies: Option<prepare::PreparedStore>,
+    pub deps: Arc<deps::DepEnvs>,
 }
 
 impl BoxRuntime {
-    pub fn new(backend: Arc<dyn Backend>, copies: Option<prepare::PreparedStore>) -> Self {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        copies: Option<prepare::PreparedStore>,
+        deps: Arc<deps::DepEnvs>,
+    ) -> Self {
         BoxRuntime {
             backend,
             executions: Executions::default(),
             copies,
+            deps,
         }
     }
 
     /// Reconciles the sandbox's packages with the mount set, then executes. In copy mode each
     /// package is (re-)verified against its manifest first and prepared afresh if it is
-    /// missing or differs; a package that cannot be verified refuses the execution.
-    pub async fn exec(&self, sandbox: &Sandbox, req: ExecRequest) -> Result<ExecResult, BoxError> {
-        self.backend.prepare_workspace(&sandbox.workspace_dir)?;
+    /// missing or differs; a package that cannot be verified refuses the execution. The
+    /// dependency environment, if the execution activates one, is built (once, outside the
+    /// execution's time budget) before the clock starts.
+    pub async fn exec(
+        &self,
+        sandbox: &Sandbox,
+        mut req: ExecRequest,
+    ) -> Result<ExecResult, BoxError> {
+        if let Some(dir) = &sandbox.workspace_dir {
+            self.backend.prepare_writable_dir(dir)?;
+        }
         let mut sandbox = sandbox.clone();
         if let Some(store) = self.copies.clone() {
             let (id, mounts) = (sandbox.id.clone(), sandbox.mounts.clone());
@@ -228,6 +265,18 @@ impl BoxRuntime {
             .map_err(|e| BoxError::Unavailable(format!("preparation task failed: {e}")))??;
             for (m, dir) in sandbox.mounts.iter_mut().zip(prepared) {
                 m.source = dir;
+            }
+        }
+        if let Some(target) = &sandbox.environment_of {
+            let mount = sandbox
+                .mounts
+                .iter()
+                .find(|m| &m.target == target)
+                .ok_or_else(|| {
+                    BoxError::BadRequest(format!("{target} is not mounted in this sandbox"))
+                })?;
+            if let Some(env) = self.deps.ensure(self.backend.as_ref(), mount).await? {
+                env.activate(&mut sandbox, &mut req.env);
             }
         }
         let (_guard, kill) = self

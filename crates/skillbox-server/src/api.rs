@@ -183,7 +183,22 @@ async fn metrics(State(s): State<SharedState>) -> Response {
     })
     .await
     .unwrap_or((0, 0, 0));
+    let (builds, executing) = s
+        .sandbox
+        .as_ref()
+        .map(|b| (b.deps.builds(), b.executions.in_progress() as u64))
+        .unwrap_or((0, 0));
     let body = s.metrics.render(&[
+        (
+            "skillbox_dep_env_builds",
+            "Dependency environments built by this process.",
+            builds,
+        ),
+        (
+            "skillbox_box_executions_in_progress",
+            "Sandbox executions running now.",
+            executing,
+        ),
         ("skillbox_store_blobs", "Blobs in the content store.", count),
         (
             "skillbox_store_blob_bytes",
@@ -925,10 +940,11 @@ async fn exec(
             ));
         }
     };
-    let cwd = match (&body.cwd, &body.skill) {
-        (Some(c), _) => c.clone(),
-        (None, Some(skill)) => {
-            let pin = pins
+    // The skill named by the request: its mount path is the default cwd, and its dependency
+    // environment (if its package has a requirements.txt) is activated.
+    let skill_mount = match &body.skill {
+        Some(skill) => {
+            let (pin, _, _) = pins
                 .iter()
                 .find(|(p, _, _)| &p.skill == skill)
                 .ok_or_else(|| {
@@ -936,10 +952,18 @@ async fn exec(
                         "skill {skill:?} is not activated in run {run}; activate it first"
                     ))
                 })?;
-            skillbox_registry::runs::mount_path(&pin.0.skill_id, pin.0.revision)
+            Some(skillbox_registry::runs::mount_path(
+                &pin.skill_id,
+                pin.revision,
+            ))
         }
-        (None, None) => "/workspace".into(),
+        None => None,
     };
+    let cwd = body
+        .cwd
+        .clone()
+        .or_else(|| skill_mount.clone())
+        .unwrap_or_else(|| "/workspace".into());
     let mounts: Vec<skillbox_box::Mount> =
         pins.iter()
             .map(|(p, tree, manifest)| {
@@ -955,8 +979,10 @@ async fn exec(
             .collect::<ApiResult<_>>()?;
     let sandbox = skillbox_box::Sandbox {
         id: run.clone(),
-        workspace_dir: s.registry.data_dir().join("box/workspaces").join(&run),
+        workspace_dir: Some(s.registry.data_dir().join("box/workspaces").join(&run)),
         mounts,
+        binds: vec![],
+        environment_of: skill_mount,
         network: false,
     };
     let (live, chunks) = if q.stream {
@@ -1030,6 +1056,11 @@ fn finish_exec(
         skillbox_box::BoxError::Unavailable(m) => {
             skillbox_registry::RegistryError::BoxUnavailable(m).into()
         }
+        skillbox_box::BoxError::Dependencies(m) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "dependency_build_failed",
+            m,
+        ),
         skillbox_box::BoxError::Io(e) => ApiError::internal(format!("sandbox: {e}")),
     })?;
     if result.outcome == skillbox_box::Outcome::Killed {

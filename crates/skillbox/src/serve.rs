@@ -24,6 +24,21 @@ pub struct ServeArgs {
     /// cache read-only). Used when the executor cannot see the revision cache; forced in tests.
     #[arg(long, env = "SKILLBOX_BOX_COPY_MODE")]
     pub box_copy_mode: bool,
+    /// Dependency environments: a local directory of wheels pip installs from (no index, no
+    /// network). Skills with a requirements.txt get a virtualenv built from it.
+    #[arg(
+        long,
+        env = "SKILLBOX_DEPS_FIND_LINKS",
+        conflicts_with = "deps_index_url"
+    )]
+    pub deps_find_links: Option<PathBuf>,
+    /// Dependency environments: a package index URL (PEP 503) pip installs from; builds get
+    /// the network.
+    #[arg(long, env = "SKILLBOX_DEPS_INDEX_URL")]
+    pub deps_index_url: Option<String>,
+    /// Longest a dependency environment build may take, seconds.
+    #[arg(long, env = "SKILLBOX_DEPS_BUILD_TIMEOUT", default_value_t = 600)]
+    pub deps_build_timeout: u64,
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
@@ -106,7 +121,7 @@ fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&a.log_format);
-    let sandbox = choose_box(a.box_backend.as_deref(), &a.data_dir, a.box_copy_mode)?;
+    let sandbox = choose_box(&a)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -144,11 +159,20 @@ pub const SANDBOX_UID: u32 = 65534;
 
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.
-fn choose_box(
-    asked: Option<&str>,
-    data_dir: &Path,
-    copy_mode: bool,
-) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
+fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
+    let (asked, data_dir, copy_mode) = (a.box_backend.as_deref(), &a.data_dir, a.box_copy_mode);
+    let index = match (&a.deps_find_links, &a.deps_index_url) {
+        (Some(dir), _) => skillbox_box::deps::PackageIndex::FindLinks(
+            std::fs::canonicalize(dir)
+                .with_context(|| format!("--deps-find-links {}", dir.display()))?,
+        ),
+        (None, Some(url)) => skillbox_box::deps::PackageIndex::Url(url.clone()),
+        (None, None) => skillbox_box::deps::PackageIndex::None,
+    };
+    let deps_cfg = skillbox_box::deps::DepsConfig {
+        index,
+        build_timeout: std::time::Duration::from_secs(a.deps_build_timeout),
+    };
     let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
         let b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
         let ok = b.probe().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -173,7 +197,12 @@ fn choose_box(
         } else {
             None
         };
-        Ok(Arc::new(skillbox_box::BoxRuntime::new(Arc::new(b), copies)))
+        let deps = skillbox_box::deps::DepEnvs::new(data_dir.join("box/envs"), deps_cfg.clone())?;
+        Ok(Arc::new(skillbox_box::BoxRuntime::new(
+            Arc::new(b),
+            copies,
+            Arc::new(deps),
+        )))
     };
     match asked {
         Some("none") => Ok(None),

@@ -9,44 +9,6 @@ fn start(dir: &std::path::Path) -> Server {
     Server::start(dir, &["--box", "bwrap"])
 }
 
-async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String {
-    let r = c
-        .post(s.ws("acme", "runs"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"skills": skills}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let run = r.json::<Value>().await.unwrap()["run_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    for skill in skills {
-        let r = c
-            .post(s.ws("acme", &format!("runs/{run}/activations")))
-            .bearer_auth(ADMIN)
-            .json(&json!({"skill": skill}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
-    run
-}
-
-async fn exec(c: &reqwest::Client, s: &Server, run: &str, body: Value) -> (u16, Value) {
-    let r = c
-        .post(s.ws("acme", &format!("runs/{run}/exec")))
-        .bearer_auth(ADMIN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let st = r.status().as_u16();
-    (st, r.json().await.unwrap())
-}
-
 fn versioned(v: &str, extra: &[(&str, &[u8])]) -> Vec<u8> {
     let md = skill_md("hello", &format!("hello {v}"));
     let script = format!("#!/bin/sh\necho \"I am {v}\"\n");

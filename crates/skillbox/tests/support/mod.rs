@@ -216,3 +216,43 @@ pub async fn archive_digest(
             .to_string(),
     )
 }
+
+/// A run of workspace `acme` authorized for `skills`, each activated at its current revision.
+pub async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String {
+    let r = c
+        .post(s.ws("acme", "runs"))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"skills": skills}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let run = r.json::<Value>().await.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for skill in skills {
+        let r = c
+            .post(s.ws("acme", &format!("runs/{run}/activations")))
+            .bearer_auth(ADMIN)
+            .json(&serde_json::json!({"skill": skill}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    run
+}
+
+/// `POST …/runs/{run}/exec` in workspace `acme`: (status, body).
+pub async fn exec(c: &reqwest::Client, s: &Server, run: &str, body: Value) -> (u16, Value) {
+    let r = c
+        .post(s.ws("acme", &format!("runs/{run}/exec")))
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let st = r.status().as_u16();
+    (st, r.json().await.unwrap())
+}
