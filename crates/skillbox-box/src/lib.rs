@@ -129,6 +129,11 @@ pub enum BoxError {
     Unavailable(String),
     #[error("invalid execution request: {0}")]
     BadRequest(String),
+    /// What the request names is not in the sandbox.
+    #[error("{0}")]
+    Missing(String),
+    #[error("{0}")]
+    TooLarge(String),
     /// A dependency environment could not be built (pip's reason is in the message).
     #[error("dependency environment: {0}")]
     Dependencies(String),
@@ -283,5 +288,85 @@ impl BoxRuntime {
             .executions
             .register(sandbox.mounts.iter().map(|m| m.target.clone()).collect());
         self.backend.exec(&sandbox, req, kill).await
+    }
+
+    /// Unpacks `tar` into `dir`, a new directory under `/workspace`, inside the sandbox and
+    /// as its user: whatever an earlier execution planted in the workspace (symlinks, say)
+    /// can redirect the write only to where the sandbox may write anyway.
+    pub async fn import_tar(
+        &self,
+        sandbox: &Sandbox,
+        dir: &str,
+        tar: Vec<u8>,
+    ) -> Result<(), BoxError> {
+        let script = r#"set -e
+mkdir -p "$(dirname "$D")"
+mkdir "$D"
+tar -x -f - -C "$D" --no-same-owner"#;
+        let r = self
+            .exec(
+                sandbox,
+                workspace_transfer(script, dir, Some(tar), 64 * 1024),
+            )
+            .await?;
+        if r.outcome != Outcome::Exited || r.exit_code != Some(0) {
+            return Err(BoxError::Unavailable(format!(
+                "unpacking into {dir} in the sandbox failed: {}",
+                String::from_utf8_lossy(&r.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Packs `dir` (under `/workspace`) as a tar, inside the sandbox and as its user, so only
+    /// what the sandbox itself can see is ever read; at most `cap` bytes.
+    pub async fn export_tar(
+        &self,
+        sandbox: &Sandbox,
+        dir: &str,
+        cap: usize,
+    ) -> Result<Vec<u8>, BoxError> {
+        let script = r#"[ -d "$D" ] || exit 3
+exec tar -c -f - -C "$D" ."#;
+        let r = self
+            .exec(sandbox, workspace_transfer(script, dir, None, cap))
+            .await?;
+        match (r.outcome, r.exit_code) {
+            (Outcome::Exited, Some(3)) => Err(BoxError::Missing(format!(
+                "{dir} is not a directory in the sandbox's workspace (removed or replaced)"
+            ))),
+            _ if r.stdout_truncated => Err(BoxError::TooLarge(format!(
+                "{dir} holds more than {cap} bytes"
+            ))),
+            (Outcome::Exited, Some(0)) => Ok(r.stdout),
+            // tar itself refused (unreadable files, say): the directory's fault, not the box's.
+            (Outcome::Exited, Some(_)) => Err(BoxError::BadRequest(format!(
+                "{dir} cannot be packed: {}",
+                String::from_utf8_lossy(&r.stderr).trim()
+            ))),
+            _ => Err(BoxError::Unavailable(format!(
+                "packing {dir} in the sandbox failed: {}",
+                String::from_utf8_lossy(&r.stderr).trim()
+            ))),
+        }
+    }
+}
+
+/// A shell script moving a tar in or out of `dir` (passed as `$D`, never spliced into the
+/// script).
+fn workspace_transfer(
+    script: &str,
+    dir: &str,
+    stdin: Option<Vec<u8>>,
+    output_cap: usize,
+) -> ExecRequest {
+    ExecRequest {
+        program: Program::Shell(script.into()),
+        cwd: "/workspace".into(),
+        env: BTreeMap::from([("D".to_string(), dir.to_string())]),
+        stdin,
+        timeout: Duration::from_secs(120),
+        output_cap,
+        live: None,
     }
 }

@@ -1,5 +1,8 @@
-//! Workspace drafts: writable working copies kept as (path → blob) rows; published through the
-//! same pipeline as an upload, with the draft's base revision.
+//! Drafts. Workspace drafts are writable working copies kept as (path → blob) rows. Run
+//! drafts live in a run's sandbox at `/workspace/skill-drafts/<draft-id>/`, where an agent
+//! edits them; the registry keeps only their row (skill, base revision, run) and publishes
+//! the tree the box exports from the sandbox. Both publish through the same pipeline as an
+//! upload, with the draft's base revision.
 
 use crate::error::{RegistryError, Result};
 use crate::meta::{DraftFile, DraftRow, new_id};
@@ -61,8 +64,21 @@ impl Registry {
         })
     }
 
+    /// A draft whose files the registry holds (not a run draft).
+    async fn workspace_draft(&self, workspace: &str, id: &str) -> Result<DraftRow> {
+        let d = self.draft(workspace, id).await?;
+        if let Some(run) = &d.run_id {
+            return Err(RegistryError::BadRequest(format!(
+                "draft {id} is a run draft: its files are in run {run}'s sandbox at {}; edit them \
+there (exec) and publish with POST …/drafts/{id}/publish",
+                run_draft_path(id)
+            )));
+        }
+        Ok(d)
+    }
+
     pub async fn draft_files(&self, workspace: &str, id: &str) -> Result<Vec<DraftFile>> {
-        self.draft(workspace, id).await?;
+        self.workspace_draft(workspace, id).await?;
         self.meta.draft_files(id).await
     }
 
@@ -91,7 +107,7 @@ impl Registry {
         bytes: bytes::Bytes,
         executable: bool,
     ) -> Result<DraftFile> {
-        self.draft(workspace, id).await?;
+        self.workspace_draft(workspace, id).await?;
         check_path(path)
             .map_err(|m| RegistryError::BadRequest(format!("invalid path {path:?}: {m}")))?;
         if bytes.len() as u64 > self.cfg.limits.max_file_size {
@@ -123,7 +139,7 @@ impl Registry {
     }
 
     pub async fn delete_draft_file(&self, workspace: &str, id: &str, path: &str) -> Result<()> {
-        self.draft(workspace, id).await?;
+        self.workspace_draft(workspace, id).await?;
         if !self.meta.delete_draft_file(id, path).await? {
             return Err(RegistryError::NotFound(format!(
                 "draft {id} has no file {path:?}"
@@ -152,7 +168,7 @@ impl Registry {
         id: &str,
         publisher: &str,
     ) -> Result<Published> {
-        let draft = self.draft(workspace, id).await?;
+        let draft = self.workspace_draft(workspace, id).await?;
         let files = self.meta.draft_files(id).await?;
         let staging = self.new_staging("draft-")?;
         let root = staging.path().join("tree");
@@ -179,6 +195,109 @@ impl Registry {
                 draft.base_revision,
                 staging,
                 root,
+                false,
+                publisher,
+            )
+            .await?;
+        self.meta.set_draft_base(id, published.revision).await?;
+        Ok(published)
+    }
+}
+
+/// Where a run draft lives inside its run's sandbox.
+pub fn run_draft_path(id: &str) -> String {
+    format!("/workspace/skill-drafts/{id}")
+}
+
+impl Registry {
+    /// Creates a run draft of `skill` in `run`: from `base_revision` if given, else from the
+    /// run's pin of the skill, else from its current revision. Returns the draft and the
+    /// deterministic tar of its base, which the box unpacks into the run's workspace.
+    pub async fn create_run_draft(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        base_revision: Option<i64>,
+    ) -> Result<(DraftRow, Vec<u8>)> {
+        validate_names(workspace, skill)?;
+        let (view, pins) = self.exec_context(workspace, run_id).await?;
+        if !view.authorized_skills.iter().any(|s| s == skill) {
+            return Err(RegistryError::SkillNotAuthorized(format!(
+                "skill {skill:?} is not in run {run_id}'s authorized set"
+            )));
+        }
+        let pinned = pins
+            .iter()
+            .find(|(p, _, _)| p.skill == skill && base_revision.is_none_or(|b| b == p.revision));
+        let (base, tar) = match pinned {
+            // The pinned revision is read through the pin: it works for a deleted skill too.
+            Some((pin, tree, manifest)) => {
+                let (tree, manifest) = (tree.clone(), manifest.clone());
+                let tar = tokio::task::spawn_blocking(move || {
+                    skillbox_package::write::write_tar(
+                        Vec::new(),
+                        &manifest,
+                        &skillbox_package::write::DirSource(&tree),
+                    )
+                })
+                .await
+                .map_err(RegistryError::internal)??;
+                (pin.revision, tar)
+            }
+            None => {
+                let sel = base_revision.map_or(RevSel::Current, RevSel::Number);
+                let rev = self.revision(workspace, skill, sel).await?;
+                (rev.revision.revision, self.archive(&rev).await?)
+            }
+        };
+        let id = new_id();
+        self.meta
+            .insert_run_draft(&id, workspace, skill, base, run_id)
+            .await?;
+        Ok((self.draft(workspace, &id).await?, tar))
+    }
+
+    /// Publishes a run draft from `tar`, the box's export of its directory in the sandbox:
+    /// unpacked and checked like an upload (links, devices and hostile paths are refused),
+    /// then read like an author's directory (default excludes and `.skillignore` apply), with
+    /// the draft's base revision.
+    pub async fn publish_run_draft(
+        &self,
+        workspace: &str,
+        id: &str,
+        tar: Vec<u8>,
+        publisher: &str,
+    ) -> Result<Published> {
+        let draft = self.draft(workspace, id).await?;
+        let staging = self.new_staging("rundraft-")?;
+        let root = staging.path().join("tree");
+        let limits = self.cfg.limits;
+        let (staging, intake) = {
+            let root = root.clone();
+            tokio::task::spawn_blocking(move || -> Result<_> {
+                std::fs::create_dir(&root)?;
+                let intake =
+                    skillbox_package::intake::extract_tar(&tar[..], false, &root, &limits)?;
+                Ok((staging, intake))
+            })
+            .await
+            .map_err(RegistryError::internal)??
+        };
+        if !intake.problems.is_empty() {
+            return Err(RegistryError::InvalidPackage {
+                problems: intake.problems,
+                warnings: vec![],
+            });
+        }
+        let published = self
+            .publish_tree(
+                workspace,
+                &draft.skill,
+                draft.base_revision,
+                staging,
+                root,
+                true,
                 publisher,
             )
             .await?;

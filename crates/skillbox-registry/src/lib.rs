@@ -13,7 +13,7 @@
 pub mod auth;
 pub mod cache;
 pub mod content;
-mod drafts;
+pub mod drafts;
 pub mod error;
 pub mod fsck;
 pub mod gc;

@@ -76,6 +76,10 @@ const SCHEMA: &[&str] = &[
         base_revision BIGINT NOT NULL,
         created_at BIGINT NOT NULL,
         updated_at BIGINT NOT NULL)",
+    // A run draft: its files live in the run's sandbox workspace, not in draft_files.
+    "CREATE TABLE IF NOT EXISTS run_drafts (
+        draft_id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS draft_files (
         draft_id TEXT NOT NULL,
         path TEXT NOT NULL,
@@ -747,8 +751,36 @@ impl MetaStore {
         Ok(())
     }
 
+    /// Inserts a run draft (no file rows: its files are in the run's workspace).
+    pub async fn insert_run_draft(
+        &self,
+        id: &str,
+        workspace: &str,
+        skill: &str,
+        base: i64,
+        run_id: &str,
+    ) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        let now = now_ms();
+        sqlx::query("INSERT INTO drafts (id, workspace, skill, base_revision, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)")
+            .bind(id)
+            .bind(workspace)
+            .bind(skill)
+            .bind(base)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO run_drafts (draft_id, run_id) VALUES ($1, $2)")
+            .bind(id)
+            .bind(run_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn draft(&self, workspace: &str, id: &str) -> Result<Option<DraftRow>> {
-        let row = sqlx::query("SELECT id, skill, base_revision, created_at, updated_at FROM drafts WHERE id = $1 AND workspace = $2")
+        let row = sqlx::query("SELECT d.id, d.skill, d.base_revision, d.created_at, d.updated_at, r.run_id FROM drafts d LEFT JOIN run_drafts r ON r.draft_id = d.id WHERE d.id = $1 AND d.workspace = $2")
             .bind(id)
             .bind(workspace)
             .fetch_optional(&self.pool)
@@ -760,6 +792,7 @@ impl MetaStore {
                 base_revision: r.try_get(2)?,
                 created_at: r.try_get(3)?,
                 updated_at: r.try_get(4)?,
+                run_id: r.try_get(5)?,
             })
         })
         .transpose()
@@ -830,6 +863,10 @@ impl MetaStore {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        sqlx::query("DELETE FROM run_drafts WHERE draft_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("DELETE FROM drafts WHERE id = $1")
             .bind(id)
             .execute(&mut *tx)
@@ -854,6 +891,9 @@ pub struct DraftRow {
     pub base_revision: i64,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Set for a run draft: the run whose workspace holds its files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -109,6 +109,10 @@ impl Registry {
     }
 
     /// Publishes a package directory already inside `staging` (draft publication).
+    /// Publishes the directory `root` inside `staging`. `excludes`: apply the default excludes
+    /// and `.skillignore`, as for any directory an author hands in (a run draft); without, the
+    /// tree is taken exactly as it is (a workspace draft, whose files were chosen one by one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn publish_tree(
         &self,
         workspace: &str,
@@ -116,11 +120,16 @@ impl Registry {
         base_revision: i64,
         staging: StagingDir,
         root: PathBuf,
+        excludes: bool,
         publisher: &str,
     ) -> Result<Published> {
         let (staging, pkg) = self
             .read_and_check(name, staging, move |_, limits| {
-                Ok(intake::scan_dir_raw(&root, limits)?)
+                Ok(if excludes {
+                    intake::scan_dir(&root, limits)?
+                } else {
+                    intake::scan_dir_raw(&root, limits)?
+                })
             })
             .await?;
         self.publish_package(workspace, name, base_revision, staging, pkg, publisher)

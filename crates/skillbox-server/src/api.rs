@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use skillbox_package::ArchiveFormat;
 use skillbox_registry::{FileContent, Principal, RevSel, Role};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio::io::AsyncWriteExt;
 
@@ -635,7 +636,26 @@ async fn publish_draft(
     headers: HeaderMap,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let who = authorize(&s, &headers, &ws, Role::Author).await?;
-    let r = s.registry.publish_draft(&ws, &id, &who.label()).await;
+    let draft = s.registry.draft(&ws, &id).await?;
+    let r = match &draft.run_id {
+        None => s.registry.publish_draft(&ws, &id, &who.label()).await,
+        Some(run) => {
+            // The draft's current files, read from the run's sandbox.
+            s.registry.exec_context(&ws, run).await?;
+            let cap = s.registry.config().limits.max_total_size as usize + 16 * 1024 * 1024;
+            let tar = running_box(&s)?
+                .export_tar(
+                    &workspace_sandbox(&s, run),
+                    &skillbox_registry::drafts::run_draft_path(&id),
+                    cap,
+                )
+                .await
+                .map_err(box_error)?;
+            s.registry
+                .publish_run_draft(&ws, &id, tar, &who.label())
+                .await
+        }
+    };
     count_publish(&s, &r, true);
     let p = r?;
     let status = if p.replayed {
@@ -917,12 +937,7 @@ async fn exec(
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let (view, pins) = s.registry.exec_context(&ws, &run).await?;
-    let Some(sandbox_rt) = s.sandbox.clone() else {
-        return Err(skillbox_registry::RegistryError::BoxUnavailable(
-            "no sandbox backend is running (--box none): activation and reads work, execution does not".into(),
-        )
-        .into());
-    };
+    let sandbox_rt = running_box(&s)?;
     let caps = sandbox_rt.backend.capabilities();
     if view.require_immutable && !caps.immutable {
         return Err(skillbox_registry::RegistryError::BoxUnavailable(format!(
@@ -1051,18 +1066,7 @@ async fn exec(
 fn finish_exec(
     r: Result<skillbox_box::ExecResult, skillbox_box::BoxError>,
 ) -> ApiResult<skillbox_box::ExecResult> {
-    let result = r.map_err(|e| match e {
-        skillbox_box::BoxError::BadRequest(m) => ApiError::bad_request(m),
-        skillbox_box::BoxError::Unavailable(m) => {
-            skillbox_registry::RegistryError::BoxUnavailable(m).into()
-        }
-        skillbox_box::BoxError::Dependencies(m) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "dependency_build_failed",
-            m,
-        ),
-        skillbox_box::BoxError::Io(e) => ApiError::internal(format!("sandbox: {e}")),
-    })?;
+    let result = r.map_err(box_error)?;
     if result.outcome == skillbox_box::Outcome::Killed {
         return Err(skillbox_registry::RegistryError::RevisionRevoked(
             "the execution was killed: a revision it mounts was revoked".into(),
@@ -1072,24 +1076,88 @@ fn finish_exec(
     Ok(result)
 }
 
+fn box_error(e: skillbox_box::BoxError) -> ApiError {
+    use skillbox_box::BoxError as B;
+    match e {
+        B::BadRequest(m) => ApiError::bad_request(m),
+        B::Missing(m) => ApiError::not_found(m),
+        B::TooLarge(m) => ApiError::too_large(m),
+        B::Unavailable(m) => skillbox_registry::RegistryError::BoxUnavailable(m).into(),
+        B::Dependencies(m) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "dependency_build_failed",
+            m,
+        ),
+        B::Io(e) => ApiError::internal(format!("sandbox: {e}")),
+    }
+}
+
 fn merge(into: &mut Value, from: Value) {
     if let (Value::Object(a), Value::Object(b)) = (into, from) {
         a.extend(b);
     }
 }
 
-/// Run drafts are not built yet: answered explicitly rather than pretended.
+#[derive(Deserialize)]
+struct RunDraftBody {
+    skill: String,
+    base_revision: Option<i64>,
+}
+
+/// The running box, or `box_unavailable` saying what still works.
+fn running_box(s: &AppState) -> ApiResult<Arc<skillbox_box::BoxRuntime>> {
+    s.sandbox.clone().ok_or_else(|| {
+        skillbox_registry::RegistryError::BoxUnavailable(
+            "no sandbox backend is running (--box none): activation and reads work; execution and run drafts do not".into(),
+        )
+        .into()
+    })
+}
+
+/// The run's sandbox with no packages: for moving files in and out of its workspace.
+fn workspace_sandbox(s: &AppState, run: &str) -> skillbox_box::Sandbox {
+    skillbox_box::Sandbox {
+        id: run.to_string(),
+        workspace_dir: Some(s.registry.data_dir().join("box/workspaces").join(run)),
+        mounts: vec![],
+        binds: vec![],
+        environment_of: None,
+        network: false,
+    }
+}
+
+/// Creates a run draft: the base revision's files unpacked at
+/// `/workspace/skill-drafts/<draft-id>/` in the run's sandbox.
 async fn run_draft(
     State(s): State<SharedState>,
     Path((ws, run)): Path<(String, String)>,
     headers: HeaderMap,
-) -> ApiResult<Json<Value>> {
+    Json(body): Json<RunDraftBody>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
-    s.registry.run(&ws, &run).await?;
-    Err(skillbox_registry::RegistryError::BoxUnavailable(
-        "run drafts (/workspace/skill-drafts/<draft-id>/) are not built in this version; use workspace drafts (POST /v1/workspaces/{ws}/drafts)".into(),
-    )
-    .into())
+    let sandbox_rt = running_box(&s)?;
+    let (draft, tar) = s
+        .registry
+        .create_run_draft(&ws, &run, &body.skill, body.base_revision)
+        .await?;
+    let path = skillbox_registry::drafts::run_draft_path(&draft.id);
+    if let Err(e) = sandbox_rt
+        .import_tar(&workspace_sandbox(&s, &run), &path, tar)
+        .await
+    {
+        s.registry.delete_draft(&ws, &draft.id).await?;
+        return Err(box_error(e));
+    }
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "draft_id": draft.id,
+            "skill": draft.skill,
+            "base_revision": draft.base_revision,
+            "run_id": run,
+            "path": path,
+        })),
+    ))
 }
 
 // ---------- gc ----------

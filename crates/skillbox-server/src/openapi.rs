@@ -128,6 +128,72 @@ routes![
         "Publish the draft with its base revision."
     ),
     (
+        "POST",
+        "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke",
+        "admin",
+        "Emergency revocation of one revision {reason}: reads, activations and executions fail, running executions are killed."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/runs",
+        "runner",
+        "Create a run {skills?, ttl_seconds?, require_immutable?}."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/runs/{run}",
+        "runner",
+        "A run: state, lease and activations (pins)."
+    ),
+    (
+        "DELETE",
+        "/v1/workspaces/{ws}/runs/{run}",
+        "runner",
+        "Finish the run: release its pins and sandbox."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/runs/{run}/activations",
+        "runner",
+        "Activate (pin) a skill {skill, revision?}: instructions, files, mount path."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}",
+        "runner",
+        "Read a file of the run's pinned revision."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/runs/{run}/exec",
+        "runner",
+        "Execute in the run's sandbox {skill?, argv | command, cwd?, env?, timeout_ms?, stdin?}; ?stream=true answers NDJSON."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/runs/{run}/drafts",
+        "runner",
+        "Create a run draft {skill, base_revision?} at /workspace/skill-drafts/<draft-id>/ in the run's sandbox; publish it with the drafts publish call."
+    ),
+    (
+        "POST",
+        "/v1/workspaces/{ws}/runs/{run}/heartbeat",
+        "runner",
+        "Extend the run's lease."
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{ws}/runs/{run}/prompt",
+        "runner",
+        "The authorized skills' <available_skills> index for a system prompt."
+    ),
+    (
+        "POST",
+        "/v1/admin/gc",
+        "server-admin",
+        "Collect unreferenced revisions and content {dry_run?, grace_seconds?}."
+    ),
+    (
         "GET",
         "/v1/workspaces/{ws}/events",
         "reader",

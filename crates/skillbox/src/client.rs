@@ -161,6 +161,15 @@ pub enum RunCommand {
     Prompt { run: String },
     /// Extend the run's lease.
     Heartbeat { run: String },
+    /// Create a run draft of SKILL at /workspace/skill-drafts/<draft-id>/ in the run's sandbox
+    /// (from the run's pin, else --base, else the current revision); edit it with `run exec`,
+    /// publish it with `draft publish <draft-id>`.
+    Draft {
+        run: String,
+        skill: String,
+        #[arg(long)]
+        base: Option<i64>,
+    },
     /// Execute in the run's sandbox: skillbox run exec RUN [--skill S] -- argv...
     Exec {
         run: String,
@@ -940,6 +949,24 @@ async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
                     v["run_id"].as_str().unwrap_or(""),
                     v["state"].as_str().unwrap_or(""),
                     v["expires_at"]
+                )
+            });
+        }
+        RunCommand::Draft { run, skill, base } => {
+            let v: Value = c
+                .send(
+                    c.req(M::POST, c.ws_url(&format!("runs/{run}/drafts")))
+                        .json(&json!({"skill": skill, "base_revision": base})),
+                )
+                .await?
+                .json()
+                .await?;
+            print(j, &v, || {
+                format!(
+                    "{} {} (base revision {})",
+                    v["draft_id"].as_str().unwrap_or(""),
+                    v["path"].as_str().unwrap_or(""),
+                    v["base_revision"]
                 )
             });
         }

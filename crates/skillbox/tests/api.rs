@@ -407,6 +407,23 @@ async fn openapi_lists_every_route() {
         ("delete", "/v1/workspaces/{ws}/drafts/{id}/files/{path}"),
         ("post", "/v1/workspaces/{ws}/drafts/{id}/publish"),
         ("get", "/v1/workspaces/{ws}/events"),
+        (
+            "post",
+            "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke",
+        ),
+        ("post", "/v1/workspaces/{ws}/runs"),
+        ("get", "/v1/workspaces/{ws}/runs/{run}"),
+        ("delete", "/v1/workspaces/{ws}/runs/{run}"),
+        ("post", "/v1/workspaces/{ws}/runs/{run}/activations"),
+        (
+            "get",
+            "/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{path}",
+        ),
+        ("post", "/v1/workspaces/{ws}/runs/{run}/exec"),
+        ("post", "/v1/workspaces/{ws}/runs/{run}/drafts"),
+        ("post", "/v1/workspaces/{ws}/runs/{run}/heartbeat"),
+        ("get", "/v1/workspaces/{ws}/runs/{run}/prompt"),
+        ("post", "/v1/admin/gc"),
         ("post", "/v1/admin/tokens"),
         ("post", "/v1/admin/fsck"),
         ("get", "/healthz"),
@@ -429,6 +446,7 @@ async fn openapi_lists_every_route() {
                 .replace("{rev}", "1")
                 .replace("{path}", "SKILL.md")
                 .replace("{id}", "d1")
+                .replace("{run}", "r1")
         );
         // The event stream follows forever unless told otherwise.
         let url = if p.ends_with("/events") {
