@@ -161,8 +161,13 @@ pub trait Backend: Send + Sync {
     ) -> ExecFuture<'a>;
 }
 
-/// One execution in progress: the mount targets it uses and the switch that kills it.
-type Running = (Vec<String>, Option<tokio::sync::oneshot::Sender<()>>);
+/// One execution in progress: its sandbox, the mount targets it uses and the switch that
+/// kills it.
+struct Running {
+    sandbox: String,
+    targets: Vec<String>,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+}
 
 /// Executions in progress, by the mount targets they use, so a revocation can kill them.
 #[derive(Default)]
@@ -188,12 +193,20 @@ impl Drop for ExecutionGuard<'_> {
 impl Executions {
     fn register(
         &self,
+        sandbox: &str,
         targets: Vec<String>,
     ) -> (ExecutionGuard<'_>, tokio::sync::oneshot::Receiver<()>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = tokio::sync::oneshot::channel();
         if let Ok(mut r) = self.running.lock() {
-            r.insert(id, (targets, Some(tx)));
+            r.insert(
+                id,
+                Running {
+                    sandbox: sandbox.to_string(),
+                    targets,
+                    kill: Some(tx),
+                },
+            );
         }
         (ExecutionGuard { id, set: self }, rx)
     }
@@ -204,9 +217,9 @@ impl Executions {
             return 0;
         };
         let mut n = 0;
-        for (targets, kill) in r.values_mut() {
-            if targets.iter().any(|t| t == target)
-                && let Some(k) = kill.take()
+        for e in r.values_mut() {
+            if e.targets.iter().any(|t| t == target)
+                && let Some(k) = e.kill.take()
             {
                 let _ = k.send(());
                 n += 1;
@@ -217,6 +230,14 @@ impl Executions {
 
     pub fn in_progress(&self) -> usize {
         self.running.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// Executions in progress in `sandbox`.
+    pub fn in_sandbox(&self, sandbox: &str) -> usize {
+        self.running
+            .lock()
+            .map(|r| r.values().filter(|e| e.sandbox == sandbox).count())
+            .unwrap_or(0)
     }
 }
 
@@ -284,10 +305,24 @@ impl BoxRuntime {
                 env.activate(&mut sandbox, &mut req.env);
             }
         }
-        let (_guard, kill) = self
-            .executions
-            .register(sandbox.mounts.iter().map(|m| m.target.clone()).collect());
+        let (_guard, kill) = self.executions.register(
+            &sandbox.id,
+            sandbox.mounts.iter().map(|m| m.target.clone()).collect(),
+        );
         self.backend.exec(&sandbox, req, kill).await
+    }
+
+    /// Releases a sandbox whose run has ended: removes its workspace and prepared copies —
+    /// unless an execution is still in progress in it (then `false`; a later sweep retries).
+    pub fn release(&self, sandbox: &str, workspace_dir: &std::path::Path) -> std::io::Result<bool> {
+        if self.executions.in_sandbox(sandbox) > 0 {
+            return Ok(false);
+        }
+        if let Some(store) = &self.copies {
+            store.release(sandbox)?;
+        }
+        skillbox_package::staging::remove_tree(workspace_dir)?;
+        Ok(true)
     }
 
     /// Unpacks `tar` into `dir`, a new directory under `/workspace`, inside the sandbox and

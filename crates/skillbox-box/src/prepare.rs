@@ -52,6 +52,20 @@ impl PreparedStore {
         Ok(n)
     }
 
+    /// Removes every prepared package of `sandbox`.
+    pub fn release(&self, sandbox: &str) -> std::io::Result<()> {
+        remove_tree(&self.root.join(sandbox))
+    }
+
+    /// The sandboxes that have prepared packages.
+    pub fn sandboxes(&self) -> std::io::Result<Vec<String>> {
+        Ok(std::fs::read_dir(&self.root)?
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect())
+    }
+
     fn take_failpoint(&self) -> Option<String> {
         let f = self.root.join("FAILPOINT");
         let name = std::fs::read_to_string(&f).ok()?;

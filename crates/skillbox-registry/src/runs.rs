@@ -668,6 +668,18 @@ impl Registry {
         self.run(workspace, run_id).await
     }
 
+    /// Whether run `id` (of any workspace) is active now: the box keeps its sandbox while it is.
+    pub async fn run_is_live(&self, id: &str) -> Result<bool> {
+        let row = sqlx::query(
+            "SELECT 1 FROM runs WHERE id = $1 AND state = 'active' AND expires_at > $2",
+        )
+        .bind(id)
+        .bind(now_ms())
+        .fetch_optional(self.meta.pool())
+        .await?;
+        Ok(row.is_some())
+    }
+
     /// Marks runs whose lease lapsed as `expired`; returns how many.
     pub async fn expire_runs(&self) -> Result<u64> {
         let now = now_ms();

@@ -846,8 +846,9 @@ async fn finish_run(
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
-    let run = s.registry.finish_run(&ws, &run).await?;
-    Ok(Json(to_json(run)?))
+    let view = s.registry.finish_run(&ws, &run).await?;
+    s.release_sandboxes(Some(&run)).await;
+    Ok(Json(to_json(view)?))
 }
 
 async fn heartbeat(
@@ -994,7 +995,7 @@ async fn exec(
             .collect::<ApiResult<_>>()?;
     let sandbox = skillbox_box::Sandbox {
         id: run.clone(),
-        workspace_dir: Some(s.registry.data_dir().join("box/workspaces").join(&run)),
+        workspace_dir: Some(s.run_workspace(&run)),
         mounts,
         binds: vec![],
         environment_of: skill_mount,
@@ -1118,7 +1119,7 @@ fn running_box(s: &AppState) -> ApiResult<Arc<skillbox_box::BoxRuntime>> {
 fn workspace_sandbox(s: &AppState, run: &str) -> skillbox_box::Sandbox {
     skillbox_box::Sandbox {
         id: run.to_string(),
-        workspace_dir: Some(s.registry.data_dir().join("box/workspaces").join(run)),
+        workspace_dir: Some(s.run_workspace(run)),
         mounts: vec![],
         binds: vec![],
         environment_of: None,

@@ -41,6 +41,60 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+impl AppState {
+    /// The host directory of a run's `/workspace`.
+    pub fn run_workspace(&self, run: &str) -> std::path::PathBuf {
+        self.registry.data_dir().join("box/workspaces").join(run)
+    }
+
+    /// Releases the sandboxes (workspace, prepared copies) of runs that are no longer active,
+    /// except those with an execution in progress; returns how many were released.
+    pub async fn release_sandboxes(&self, only: Option<&str>) -> usize {
+        let Some(sandbox) = self.sandbox.clone() else {
+            return 0;
+        };
+        let mut candidates: Vec<String> = match only {
+            Some(run) => vec![run.to_string()],
+            None => {
+                let mut ids: Vec<String> =
+                    std::fs::read_dir(self.registry.data_dir().join("box/workspaces"))
+                        .map(|rd| {
+                            rd.flatten()
+                                .map(|e| e.file_name().to_string_lossy().into_owned())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                if let Some(copies) = &sandbox.copies {
+                    ids.extend(copies.sandboxes().unwrap_or_default());
+                }
+                ids
+            }
+        };
+        candidates.sort();
+        candidates.dedup();
+        let mut released = 0;
+        for run in candidates {
+            match self.registry.run_is_live(&run).await {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot check a run's state; keeping its sandbox");
+                    continue;
+                }
+            }
+            let (b, dir) = (sandbox.clone(), self.run_workspace(&run));
+            let id = run.clone();
+            match tokio::task::spawn_blocking(move || b.release(&id, &dir)).await {
+                Ok(Ok(true)) => released += 1,
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(%run, error = %e, "cannot release a sandbox"),
+                Err(e) => tracing::warn!(%run, error = %e, "sandbox release task failed"),
+            }
+        }
+        released
+    }
+}
+
 /// The application router.
 pub fn router(state: SharedState) -> Router {
     api::routes()
@@ -85,6 +139,10 @@ pub fn spawn_upkeep(state: SharedState, sweep: Duration, gc_every: Option<Durati
                 Ok(0) => {}
                 Ok(n) => tracing::info!(runs = n, "leases expired"),
                 Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
+            }
+            let released = s.release_sandboxes(None).await;
+            if released > 0 {
+                tracing::info!(sandboxes = released, "released the sandboxes of ended runs");
             }
         }
     });

@@ -253,3 +253,62 @@ async fn hostile_run_drafts_are_refused_and_lose_nothing() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_runs_release_their_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &["--box", "bwrap"]);
+    let c = http();
+    publish(&c, &s, ADMIN, "acme", "notes", 0, notes("v1")).await;
+    let workspace = |run: &str| dir.path().join("box/workspaces").join(run);
+
+    // Finished: the workspace (and the run drafts in it) goes at once.
+    let run = new_run(&c, &s, &["notes"]).await;
+    let (_, d) = create_draft(&c, &s, &run, json!({"skill": "notes"})).await;
+    let id = d["draft_id"].as_str().unwrap().to_string();
+    sh(&c, &s, &run, "echo kept > /workspace/file.txt").await;
+    assert!(workspace(&run).join("file.txt").exists());
+    let r = c
+        .delete(s.ws("acme", &format!("runs/{run}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        !workspace(&run).exists(),
+        "a finished run's workspace is released"
+    );
+    let (st, v) = publish_draft(&c, &s, &id).await;
+    assert_eq!((st, error_code(&v)), (404, "not_found"), "{v}");
+    let (st, v) = exec(&c, &s, &run, json!({"command": "true"})).await;
+    assert_eq!((st, error_code(&v)), (404, "not_found"), "{v}");
+
+    // Expired: released by the upkeep sweep; a live run's workspace is kept.
+    let r = c
+        .post(s.ws("acme", "runs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"ttl_seconds": 1}))
+        .send()
+        .await
+        .unwrap();
+    let short = r.json::<Value>().await.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let live = new_run(&c, &s, &["notes"]).await;
+    sh(&c, &s, &short, "echo x > /workspace/x").await;
+    sh(&c, &s, &live, "echo x > /workspace/x").await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while workspace(&short).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an expired run's workspace was never released"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        workspace(&live).join("x").exists(),
+        "a live run's workspace is kept"
+    );
+}
