@@ -6,10 +6,13 @@
 //! it could regain. Because bwrap resolves bind sources as that uid, package trees and the
 //! workspace must be reachable by it (the server makes its data directory traversable).
 
+use crate::prepare::PreparedStore;
 use crate::{
-    Backend, BoxError, Capabilities, ExecFuture, ExecRequest, ExecResult, Outcome, OutputSink,
-    Program, Sandbox, StreamKind,
+    Backend, BoxError, BoxFuture, Capabilities, ExecFuture, ExecRequest, ExecResult, Lease, Mount,
+    Outcome, OutputSink, Program, Sandbox, StreamKind,
 };
+use skillbox_package::Digest;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -46,6 +49,9 @@ pub struct Bwrap {
     /// Host uid (and gid) the sandbox runs as.
     pub uid: u32,
     pub limits: Limits,
+    /// Copy mode: packages are copied into this store and verified, instead of binding the
+    /// revision-cache trees.
+    pub copies: Option<PreparedStore>,
 }
 
 /// System paths bound read-only when they exist.
@@ -71,6 +77,7 @@ impl Bwrap {
             bwrap: PathBuf::from("bwrap"),
             uid,
             limits: Limits::default(),
+            copies: None,
         }
     }
 
@@ -252,12 +259,89 @@ impl Backend for Bwrap {
         Ok(())
     }
 
+    /// Nothing to select: every execution is a fresh bwrap made of exactly the mount set. In
+    /// copy mode the mounts' sources become the sandbox's prepared copies.
+    fn acquire<'a>(&'a self, sandbox: &'a Sandbox) -> BoxFuture<'a, Lease> {
+        Box::pin(async move {
+            let mut sandbox = sandbox.clone();
+            if let Some(store) = &self.copies {
+                for m in &mut sandbox.mounts {
+                    m.source = store.package_dir(&sandbox.id, &m.target);
+                }
+            }
+            Ok(Lease {
+                sandbox,
+                handle: String::new(),
+            })
+        })
+    }
+
+    /// Bind mode: the revision-cache trees, verified when they were built, are the packages.
+    /// Copy mode: each copy is re-verified now.
+    fn prepared<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, BTreeMap<String, Digest>> {
+        Box::pin(async move {
+            let Some(store) = self.copies.clone() else {
+                return Ok(lease
+                    .sandbox
+                    .mounts
+                    .iter()
+                    .map(|m| (m.target.clone(), m.digest))
+                    .collect());
+            };
+            let (id, mounts) = (lease.sandbox.id.clone(), lease.sandbox.mounts.clone());
+            tokio::task::spawn_blocking(move || {
+                mounts
+                    .iter()
+                    .filter(|m| store.is_prepared(&id, m))
+                    .map(|m| (m.target.clone(), m.digest))
+                    .collect()
+            })
+            .await
+            .map_err(|e| BoxError::Unavailable(format!("verification task failed: {e}")))
+        })
+    }
+
+    fn prepare<'a>(&'a self, lease: &'a Lease, mount: &'a Mount) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(store) = self.copies.clone() else {
+                return Err(BoxError::Unavailable(format!(
+                    "the package tree of {} is not ready",
+                    mount.target
+                )));
+            };
+            let (id, mount) = (lease.sandbox.id.clone(), mount.clone());
+            tokio::task::spawn_blocking(move || store.ensure(&id, &mount).map(|_| ()))
+                .await
+                .map_err(|e| BoxError::Unavailable(format!("preparation task failed: {e}")))?
+        })
+    }
+
+    fn release(&self, _lease: Lease) {}
+
+    fn destroy(&self, id: &str, workspace_dir: Option<&Path>) -> Result<(), BoxError> {
+        if let Some(store) = &self.copies {
+            store.release(id)?;
+        }
+        if let Some(dir) = workspace_dir {
+            skillbox_package::staging::remove_tree(dir)?;
+        }
+        Ok(())
+    }
+
+    fn sandboxes(&self) -> Vec<String> {
+        self.copies
+            .as_ref()
+            .and_then(|s| s.sandboxes().ok())
+            .unwrap_or_default()
+    }
+
     fn exec<'a>(
         &'a self,
-        sandbox: &'a Sandbox,
+        lease: &'a Lease,
         req: ExecRequest,
         kill: tokio::sync::oneshot::Receiver<()>,
     ) -> ExecFuture<'a> {
+        let sandbox = &lease.sandbox;
         Box::pin(async move {
             if !req.cwd.starts_with('/') {
                 return Err(BoxError::BadRequest(format!(

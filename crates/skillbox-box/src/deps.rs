@@ -22,7 +22,7 @@
 //! stop after pip, before `READY`, and write `<root>/FAILPOINT.reached` — so a test can kill
 //! the server in the middle of a build.
 
-use crate::{Backend, Bind, BoxError, ExecRequest, Mount, Outcome, Program, Sandbox};
+use crate::{Backend, Bind, BoxError, ExecRequest, Mount, Outcome, Program, Sandbox, run_once};
 use skillbox_package::Sha256;
 use skillbox_package::staging::{remove_tree, unique_name};
 use std::collections::{BTreeMap, HashMap};
@@ -280,8 +280,7 @@ python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
             output_cap: 64 * 1024,
             live: None,
         };
-        let (_never, kill) = tokio::sync::oneshot::channel();
-        let r = backend.exec(&sandbox, req, kill).await?;
+        let r = run_once(backend, &sandbox, req).await?;
         if r.outcome != Outcome::Exited || r.exit_code != Some(0) {
             let why = match r.outcome {
                 Outcome::TimedOut => {
@@ -379,8 +378,7 @@ async fn ask_interpreter(backend: &dyn Backend) -> Result<String, BoxError> {
         output_cap: 4096,
         live: None,
     };
-    let (_never, kill) = tokio::sync::oneshot::channel();
-    let r = backend.exec(&sandbox, req, kill).await?;
+    let r = run_once(backend, &sandbox, req).await?;
     let out = String::from_utf8_lossy(&r.stdout).trim().to_string();
     if r.exit_code != Some(0) || out.is_empty() {
         return Err(BoxError::Dependencies(format!(

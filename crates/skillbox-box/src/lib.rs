@@ -141,10 +141,21 @@ pub enum BoxError {
     Io(#[from] std::io::Error),
 }
 
-pub type ExecFuture<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ExecResult, BoxError>> + Send + 'a>>;
+pub type BoxFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, BoxError>> + Send + 'a>>;
+pub type ExecFuture<'a> = BoxFuture<'a, ExecResult>;
 
-/// A sandbox backend.
+/// A sandbox acquired for an execution: the mount set as the backend presents it (sources
+/// resolved, e.g. to prepared copies) and the backend's handle to where it runs (a container
+/// id; empty for bwrap, which makes a fresh sandbox per execution).
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub sandbox: Sandbox,
+    pub handle: String,
+}
+
+/// A sandbox backend. The runtime drives it the same way for every backend:
+/// `acquire` → `prepared` → `prepare` what is missing or differs → `exec` → `release`.
 pub trait Backend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// What the sandbox's system is (an image id; `host` for a backend that binds the host's
@@ -152,13 +163,44 @@ pub trait Backend: Send + Sync {
     fn system_identity(&self) -> String;
     /// Prepares a host directory the sandbox writes to (a workspace, an environment build).
     fn prepare_writable_dir(&self, dir: &std::path::Path) -> Result<(), BoxError>;
-    /// Runs one execution; `kill` resolves when it must be killed (revocation).
+    /// Selects or creates a sandbox for exactly this mount set (never one holding packages
+    /// outside it) and leases it.
+    fn acquire<'a>(&'a self, sandbox: &'a Sandbox) -> BoxFuture<'a, Lease>;
+    /// The packages ready in the leased sandbox, as verified now: mount target → digest.
+    fn prepared<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, BTreeMap<String, Digest>>;
+    /// Makes `mount` (as the registry holds it: `source` is the verified host tree) ready in
+    /// the leased sandbox: a fresh directory, verified against the manifest, ready marker
+    /// last — never a package changed in place. Fails rather than leave anything unverified
+    /// usable.
+    fn prepare<'a>(&'a self, lease: &'a Lease, mount: &'a Mount) -> BoxFuture<'a, ()>;
+    /// Runs one execution in the leased sandbox; `kill` resolves when it must be killed
+    /// (revocation).
     fn exec<'a>(
         &'a self,
-        sandbox: &'a Sandbox,
+        lease: &'a Lease,
         req: ExecRequest,
         kill: tokio::sync::oneshot::Receiver<()>,
     ) -> ExecFuture<'a>;
+    /// Ends a lease (the sandbox may be retired once no lease holds it).
+    fn release(&self, lease: Lease);
+    /// Removes everything of sandbox `id` — prepared packages, and its workspace — because
+    /// its run ended. The runtime never calls it while an execution is in progress there.
+    fn destroy(&self, id: &str, workspace_dir: Option<&std::path::Path>) -> Result<(), BoxError>;
+    /// Sandboxes the backend holds state for (so ended runs' sandboxes can be found).
+    fn sandboxes(&self) -> Vec<String>;
+}
+
+/// Acquires, executes, releases: the box's own executions (probes, environment builds).
+pub(crate) async fn run_once(
+    backend: &dyn Backend,
+    sandbox: &Sandbox,
+    req: ExecRequest,
+) -> Result<ExecResult, BoxError> {
+    let lease = backend.acquire(sandbox).await?;
+    let (_never, kill) = tokio::sync::oneshot::channel();
+    let result = backend.exec(&lease, req, kill).await;
+    backend.release(lease);
+    result
 }
 
 /// One execution in progress: its sandbox, the mount targets it uses and the switch that
@@ -241,35 +283,28 @@ impl Executions {
     }
 }
 
-/// The box: a backend, the executions it runs, its dependency environments and — in copy
-/// mode — its prepared packages.
+/// The box: a backend, the executions it runs and its dependency environments.
 pub struct BoxRuntime {
     pub backend: Arc<dyn Backend>,
     pub executions: Executions,
-    /// Copy mode: packages are copied and verified instead of bound from the host tree.
-    pub copies: Option<prepare::PreparedStore>,
     pub deps: Arc<deps::DepEnvs>,
 }
 
 impl BoxRuntime {
-    pub fn new(
-        backend: Arc<dyn Backend>,
-        copies: Option<prepare::PreparedStore>,
-        deps: Arc<deps::DepEnvs>,
-    ) -> Self {
+    pub fn new(backend: Arc<dyn Backend>, deps: Arc<deps::DepEnvs>) -> Self {
         BoxRuntime {
             backend,
             executions: Executions::default(),
-            copies,
             deps,
         }
     }
 
-    /// Reconciles the sandbox's packages with the mount set, then executes. In copy mode each
-    /// package is (re-)verified against its manifest first and prepared afresh if it is
-    /// missing or differs; a package that cannot be verified refuses the execution. The
-    /// dependency environment, if the execution activates one, is built (once, outside the
-    /// execution's time budget) before the clock starts.
+    /// Reconciles, then executes (SPEC §4.6). The dependency environment of the named skill
+    /// joins the mount set first (built once, outside the execution's time budget); the
+    /// backend leases a sandbox for exactly that set; its prepared packages are compared with
+    /// the pins — a package outside the set refuses the sandbox, a missing or different one
+    /// is prepared afresh; only then does the execution start, registered under its mount
+    /// targets so a revocation can kill it.
     pub async fn exec(
         &self,
         sandbox: &Sandbox,
@@ -279,20 +314,6 @@ impl BoxRuntime {
             self.backend.prepare_writable_dir(dir)?;
         }
         let mut sandbox = sandbox.clone();
-        if let Some(store) = self.copies.clone() {
-            let (id, mounts) = (sandbox.id.clone(), sandbox.mounts.clone());
-            let prepared = tokio::task::spawn_blocking(move || {
-                mounts
-                    .iter()
-                    .map(|m| store.ensure(&id, m, &m.manifest))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .await
-            .map_err(|e| BoxError::Unavailable(format!("preparation task failed: {e}")))??;
-            for (m, dir) in sandbox.mounts.iter_mut().zip(prepared) {
-                m.source = dir;
-            }
-        }
         if let Some(target) = &sandbox.environment_of {
             let mount = sandbox
                 .mounts
@@ -305,23 +326,52 @@ impl BoxRuntime {
                 env.activate(&mut sandbox, &mut req.env);
             }
         }
-        let (_guard, kill) = self.executions.register(
-            &sandbox.id,
-            sandbox.mounts.iter().map(|m| m.target.clone()).collect(),
-        );
-        self.backend.exec(&sandbox, req, kill).await
+        let lease = self.backend.acquire(&sandbox).await?;
+        let result = self.reconcile_and_exec(&sandbox.mounts, &lease, req).await;
+        self.backend.release(lease);
+        result
     }
 
-    /// Releases a sandbox whose run has ended: removes its workspace and prepared copies —
-    /// unless an execution is still in progress in it (then `false`; a later sweep retries).
-    pub fn release(&self, sandbox: &str, workspace_dir: &std::path::Path) -> std::io::Result<bool> {
+    /// `mounts`: the packages as the registry holds them (sources are the verified host
+    /// trees that preparation copies from).
+    async fn reconcile_and_exec(
+        &self,
+        mounts: &[Mount],
+        lease: &Lease,
+        req: ExecRequest,
+    ) -> Result<ExecResult, BoxError> {
+        let prepared = self.backend.prepared(lease).await?;
+        if let Some(extra) = prepared
+            .keys()
+            .find(|t| !mounts.iter().any(|m| &m.target == *t))
+        {
+            return Err(BoxError::Unavailable(format!(
+                "the sandbox holds {extra}, which is not in this run's set; it is not used"
+            )));
+        }
+        for m in mounts {
+            if prepared.get(&m.target) != Some(&m.digest) {
+                self.backend.prepare(lease, m).await?;
+            }
+        }
+        let (_guard, kill) = self.executions.register(
+            &lease.sandbox.id,
+            mounts.iter().map(|m| m.target.clone()).collect(),
+        );
+        self.backend.exec(lease, req, kill).await
+    }
+
+    /// Releases a sandbox whose run has ended — its workspace and prepared packages — unless
+    /// an execution is still in progress in it (then `false`; a later sweep retries).
+    pub fn release(
+        &self,
+        sandbox: &str,
+        workspace_dir: &std::path::Path,
+    ) -> Result<bool, BoxError> {
         if self.executions.in_sandbox(sandbox) > 0 {
             return Ok(false);
         }
-        if let Some(store) = &self.copies {
-            store.release(sandbox)?;
-        }
-        skillbox_package::staging::remove_tree(workspace_dir)?;
+        self.backend.destroy(sandbox, Some(workspace_dir))?;
         Ok(true)
     }
 

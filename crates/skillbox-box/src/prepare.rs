@@ -73,20 +73,29 @@ impl PreparedStore {
         Some(name.trim().to_string())
     }
 
+    /// Where the package of `target` in `sandbox` is (or will be) prepared.
+    pub fn package_dir(&self, sandbox: &str, target: &str) -> PathBuf {
+        self.root.join(sandbox).join(key_of(target)).join("pkg")
+    }
+
+    /// Whether the package of `mount` in `sandbox` is ready: `READY` names its digest and
+    /// every file verifies against the manifest, with nothing extra.
+    pub fn is_prepared(&self, sandbox: &str, mount: &Mount) -> bool {
+        let place = self.root.join(sandbox).join(key_of(&mount.target));
+        let ready = std::fs::read_to_string(place.join(READY)).unwrap_or_default();
+        ready == mount.digest.to_string()
+            && verify_tree(&place.join("pkg"), &mount.manifest).is_ok()
+    }
+
     /// The verified read-only package directory for `mount` in `sandbox`, prepared if needed.
-    pub fn ensure(
-        &self,
-        sandbox: &str,
-        mount: &Mount,
-        manifest: &Manifest,
-    ) -> Result<PathBuf, BoxError> {
+    pub fn ensure(&self, sandbox: &str, mount: &Mount) -> Result<PathBuf, BoxError> {
+        let manifest = &mount.manifest;
         let dir = self.root.join(sandbox);
         std::fs::create_dir_all(&dir)?;
         let place = dir.join(key_of(&mount.target));
         let pkg = place.join("pkg");
         if place.exists() {
-            let ready = std::fs::read_to_string(place.join(READY)).unwrap_or_default();
-            if ready == mount.digest.to_string() && verify_tree(&pkg, manifest).is_ok() {
+            if self.is_prepared(sandbox, mount) {
                 return Ok(pkg);
             }
             tracing::warn!(target = %mount.target, "prepared package failed verification; preparing it afresh");

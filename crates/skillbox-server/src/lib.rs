@@ -64,9 +64,7 @@ impl AppState {
                                 .collect()
                         })
                         .unwrap_or_default();
-                if let Some(copies) = &sandbox.copies {
-                    ids.extend(copies.sandboxes().unwrap_or_default());
-                }
+                ids.extend(sandbox.backend.sandboxes());
                 ids
             }
         };

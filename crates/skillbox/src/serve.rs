@@ -174,7 +174,7 @@ fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRunti
         build_timeout: std::time::Duration::from_secs(a.deps_build_timeout),
     };
     let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
-        let b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
+        let mut b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
         let ok = b.probe().map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(backend = "bwrap", "{ok}");
         // bwrap runs as the sandbox uid and resolves bind sources as it: the data directory
@@ -186,21 +186,18 @@ fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRunti
             std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode | 0o001))?;
             tracing::info!(data_dir = %data_dir.display(), "made the data directory traversable for the sandbox uid");
         }
-        let copies = if copy_mode {
+        if copy_mode {
             let store = skillbox_box::prepare::PreparedStore::new(data_dir.join("box/prepared"))?;
             let swept = store.sweep()?;
             tracing::info!(
                 swept,
                 "copy mode: packages are copied into sandbox storage and verified before every execution"
             );
-            Some(store)
-        } else {
-            None
-        };
+            b.copies = Some(store);
+        }
         let deps = skillbox_box::deps::DepEnvs::new(data_dir.join("box/envs"), deps_cfg.clone())?;
         Ok(Arc::new(skillbox_box::BoxRuntime::new(
             Arc::new(b),
-            copies,
             Arc::new(deps),
         )))
     };

@@ -2,6 +2,9 @@
 //! one data directory, 16 concurrent publishers with the same base, 50 rounds. Exactly one
 //! wins each round; the others get 409 with the winner's revision; nothing is lost.
 
+// `base` is the revision the next publish expects, not a loop index: kept explicit.
+#![allow(clippy::explicit_counter_loop)]
+
 mod support;
 use support::*;
 

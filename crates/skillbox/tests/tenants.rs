@@ -2,6 +2,9 @@
 //! uploading and being processed, workspace B's reads and publishes complete. Checked by order
 //! of completion, not by wall-clock thresholds.
 
+// `base` is the revision the next publish expects, not a loop index: kept explicit.
+#![allow(clippy::explicit_counter_loop)]
+
 mod support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
