@@ -251,12 +251,7 @@ impl Backend for Bwrap {
     }
 
     fn prepare_writable_dir(&self, dir: &Path) -> Result<(), BoxError> {
-        if !dir.is_dir() {
-            std::fs::create_dir_all(dir)?;
-            std::os::unix::fs::chown(dir, Some(self.uid), Some(self.uid))?;
-            std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        }
-        Ok(())
+        crate::writable_dir(dir, self.uid)
     }
 
     /// Nothing to select: every execution is a fresh bwrap made of exactly the mount set. In

@@ -11,6 +11,7 @@
 
 pub mod bwrap;
 pub mod deps;
+pub mod docker;
 pub mod prepare;
 
 use skillbox_package::Digest;
@@ -188,6 +189,16 @@ pub trait Backend: Send + Sync {
     fn destroy(&self, id: &str, workspace_dir: Option<&std::path::Path>) -> Result<(), BoxError>;
     /// Sandboxes the backend holds state for (so ended runs' sandboxes can be found).
     fn sandboxes(&self) -> Vec<String>;
+}
+
+/// Creates `dir` (if missing) for the sandbox user `uid` to write: owned by it, mode 0700.
+pub fn writable_dir(dir: &std::path::Path, uid: u32) -> Result<(), BoxError> {
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir)?;
+        std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 /// Acquires, executes, releases: the box's own executions (probes, environment builds).

@@ -45,9 +45,23 @@ fn probe_docker() -> Probe {
                 .lines()
                 .find_map(|l| l.strip_prefix("Api-Version: "))
                 .unwrap_or("unknown");
+            let (major, minor) = {
+                let mut it = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+                (it.next().unwrap_or(0), it.next().unwrap_or(0))
+            };
+            let recursive = if (major, minor) >= (1, 44) {
+                "recursive read-only bind mounts: supported".to_string()
+            } else {
+                format!(
+                    "recursive read-only bind mounts: not supported (API {version} < 1.44; package \
+trees have no submounts, so plain read-only binds hold)"
+                )
+            };
             (
                 true,
-                format!("the Docker engine answers on {path} (API {version})"),
+                format!(
+                    "the Docker engine answers on {path} (API {version}); {recursive}; use --box docker --docker-image IMAGE"
+                ),
             )
         }
         Ok(resp) => (
@@ -62,7 +76,7 @@ fn probe_docker() -> Probe {
     Probe {
         backend: "docker",
         works_here,
-        built: false,
+        built: true,
         detail,
     }
 }

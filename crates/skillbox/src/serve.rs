@@ -39,6 +39,14 @@ pub struct ServeArgs {
     /// Longest a dependency environment build may take, seconds.
     #[arg(long, env = "SKILLBOX_DEPS_BUILD_TIMEOUT", default_value_t = 600)]
     pub deps_build_timeout: u64,
+    /// Docker backend: the image sandboxes run in (needs sh, sleep, tar; python3 with venv and
+    /// pip for dependency environments).
+    #[arg(long, env = "SKILLBOX_DOCKER_IMAGE")]
+    pub docker_image: Option<String>,
+    /// Docker backend: the owner label of this server's containers and volumes (servers
+    /// sharing an engine use different owners).
+    #[arg(long, env = "SKILLBOX_DOCKER_OWNER", default_value = "skillbox")]
+    pub docker_owner: String,
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
@@ -121,11 +129,11 @@ fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&a.log_format);
-    let sandbox = choose_box(&a)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        let sandbox = choose_box(&a).await?;
         std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
         let admin_token = admin_token(&a.data_dir)?;
         let limits = Limits { max_files: a.max_files, max_file_size: a.max_file_size, max_total_size: a.max_total_size, ..Limits::default() };
@@ -154,12 +162,25 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Makes the data directory traversable (not listable) by the sandbox uid, which resolves
+/// bind sources under it.
+fn make_traversable(data_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(data_dir)?;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data_dir)?.permissions().mode();
+    if mode & 0o001 == 0 {
+        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode | 0o001))?;
+        tracing::info!(data_dir = %data_dir.display(), "made the data directory traversable for the sandbox uid");
+    }
+    Ok(())
+}
+
 /// The sandbox uid: `nobody`.
 pub const SANDBOX_UID: u32 = 65534;
 
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.
-fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
+async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
     let (asked, data_dir, copy_mode) = (a.box_backend.as_deref(), &a.data_dir, a.box_copy_mode);
     let index = match (&a.deps_find_links, &a.deps_index_url) {
         (Some(dir), _) => skillbox_box::deps::PackageIndex::FindLinks(
@@ -179,13 +200,7 @@ fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRunti
         tracing::info!(backend = "bwrap", "{ok}");
         // bwrap runs as the sandbox uid and resolves bind sources as it: the data directory
         // must be traversable (not listable) by it.
-        std::fs::create_dir_all(data_dir)?;
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(data_dir)?.permissions().mode();
-        if mode & 0o001 == 0 {
-            std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode | 0o001))?;
-            tracing::info!(data_dir = %data_dir.display(), "made the data directory traversable for the sandbox uid");
-        }
+        make_traversable(data_dir)?;
         if copy_mode {
             let store = skillbox_box::prepare::PreparedStore::new(data_dir.join("box/prepared"))?;
             let swept = store.sweep()?;
@@ -204,9 +219,38 @@ fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRunti
     match asked {
         Some("none") => Ok(None),
         Some("bwrap") => bwrap().map(Some).context("--box bwrap"),
-        Some("docker") => bail!(
-            "the docker sandbox backend is not built yet in this version; use --box bwrap or --box none"
-        ),
+        Some("docker") => {
+            if copy_mode {
+                bail!(
+                    "--box-copy-mode is not built for the docker backend yet; drop it (docker binds the revision cache read-only)"
+                );
+            }
+            let Some(image) = a.docker_image.clone() else {
+                bail!(
+                    "--box docker needs --docker-image IMAGE (SKILLBOX_DOCKER_IMAGE): the image sandboxes run in"
+                );
+            };
+            let mut cfg = skillbox_box::docker::DockerConfig::new(image);
+            cfg.uid = SANDBOX_UID;
+            cfg.owner = a.docker_owner.clone();
+            let d = skillbox_box::docker::Docker::connect(cfg)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))
+                .context("--box docker")?;
+            tracing::info!(
+                backend = "docker",
+                api = d.api_version(),
+                recursive_read_only = d.recursive_read_only(),
+                "docker sandbox backend"
+            );
+            // Bind sources and environment builds are resolved as the sandbox uid, as with bwrap.
+            make_traversable(data_dir)?;
+            let deps = skillbox_box::deps::DepEnvs::new(data_dir.join("box/envs"), deps_cfg)?;
+            Ok(Some(Arc::new(skillbox_box::BoxRuntime::new(
+                Arc::new(d),
+                Arc::new(deps),
+            ))))
+        }
         Some(other) => bail!("unknown sandbox backend {other:?}: use bwrap, docker or none"),
         None => match bwrap() {
             Ok(b) => Ok(Some(b)),

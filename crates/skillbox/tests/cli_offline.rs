@@ -120,7 +120,12 @@ fn doctor_reports_every_backend() {
     }
     assert_eq!(backends[2]["usable"], true);
     assert_eq!(backends[0]["built"], true, "bwrap is built");
-    assert_eq!(backends[1]["built"], false, "docker is not built yet");
+    assert_eq!(backends[1]["built"], true, "docker is built");
+    let detail = backends[1]["detail"].as_str().unwrap();
+    assert!(
+        !backends[1]["works_here"].as_bool().unwrap() || detail.contains("recursive read-only"),
+        "doctor says whether recursive read-only mounts are supported: {detail}"
+    );
     let (code, human, _) = skillbox(&["doctor"]);
     assert_eq!(code, 0);
     assert!(

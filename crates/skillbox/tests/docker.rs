@@ -1,0 +1,399 @@
+//! The docker backend on the real engine (SPEC §4.5–4.9, §8.1, §8.4, §8.6, §8.9): long-lived
+//! containers with exactly the run's packages bound read-only, selected by mount-set
+//! signature; a mount-set change gets a new container on the same workspace volume and the old
+//! one goes only when its execution ends; a restarted server adopts matching containers and
+//! removes inconsistent ones; nothing is left behind.
+//!
+//! Needs the image `scripts/docker-test-image` builds (`scripts/test` builds it).
+
+mod support;
+use serde_json::{Value, json};
+use std::process::Command;
+use support::*;
+
+fn image() -> String {
+    std::env::var("SKILLBOX_TEST_IMAGE")
+        .unwrap_or_else(|_| "skillbox-test/debian-py3:bookworm-1".into())
+}
+
+/// A unique owner label per test, and removal of whatever it left (after the test's own
+/// assertions about cleanup).
+struct Owner(String);
+
+impl Owner {
+    fn new(test: &str) -> Owner {
+        Owner(format!("skillbox-test-{test}-{}", std::process::id()))
+    }
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--box".into(),
+            "docker".into(),
+            "--docker-image".into(),
+            image(),
+            "--docker-owner".into(),
+            self.0.clone(),
+        ]
+    }
+
+    /// Container ids of this owner (`filter` adds label filters), running or not.
+    fn containers(&self, filter: &[String]) -> Vec<String> {
+        let mut cmd = Command::new("docker");
+        cmd.args(["ps", "-aq", "--no-trunc", "--filter"])
+            .arg(format!("label=skillbox.owner={}", self.0));
+        for f in filter {
+            cmd.arg("--filter").arg(format!("label={f}"));
+        }
+        let out = cmd.output().expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn volumes(&self) -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["volume", "ls", "-q", "--filter"])
+            .arg(format!("label=skillbox.owner={}", self.0))
+            .output()
+            .expect("docker volume ls");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        for c in self.containers(&[]) {
+            let _ = Command::new("docker").args(["rm", "-f", &c]).output();
+        }
+        for v in self.volumes() {
+            let _ = Command::new("docker")
+                .args(["volume", "rm", "-f", &v])
+                .output();
+        }
+    }
+}
+
+fn start(dir: &std::path::Path, owner: &Owner) -> Server {
+    let args = owner.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(dir, &args)
+}
+
+fn versioned(name: &str, v: &str, extra: &[(&str, &[u8])]) -> Vec<u8> {
+    let md = skill_md(name, &format!("{name} {v}"));
+    let script = format!("#!/bin/sh\necho \"I am {v}\"\n");
+    let mut files: Vec<(&str, &[u8])> = vec![
+        ("SKILL.md", md.as_bytes()),
+        ("scripts/run.sh", script.as_bytes()),
+    ];
+    files.extend_from_slice(extra);
+    tar_of(&files)
+}
+
+async fn finish(c: &reqwest::Client, s: &Server, run: &str) {
+    let r = c
+        .delete(s.ws("acme", &format!("runs/{run}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+async fn sh(c: &reqwest::Client, s: &Server, run: &str, skill: Option<&str>, cmd: &str) -> Value {
+    let (st, v) = exec(c, s, run, json!({"skill": skill, "command": cmd})).await;
+    assert_eq!(st, 200, "{v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_runs_see_exactly_their_pins_read_only() {
+    let owner = Owner::new("pins");
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), &owner);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[("old.txt", b"old")]),
+    )
+    .await;
+    publish(&c, &s, ADMIN, "acme", "other", 0, package("other", "o")).await;
+
+    // §8.1: a v1 run keeps executing v1 after v2 is published; a new run executes v2.
+    let run_a = new_run(&c, &s, &["hello"]).await;
+    let v = sh(&c, &s, &run_a, Some("hello"), "./scripts/run.sh").await;
+    assert_eq!(
+        (v["stdout"].as_str(), v["backend"].as_str()),
+        (Some("I am v1\n"), Some("docker"))
+    );
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        1,
+        versioned("hello", "v2", &[]),
+    )
+    .await;
+    let run_b = new_run(&c, &s, &["hello"]).await;
+    // §8.4: concurrently, each sees its own.
+    let (va, vb) = tokio::join!(
+        sh(
+            &c,
+            &s,
+            &run_a,
+            Some("hello"),
+            "./scripts/run.sh; test -e old.txt && echo has-old"
+        ),
+        sh(
+            &c,
+            &s,
+            &run_b,
+            Some("hello"),
+            "./scripts/run.sh; test -e old.txt && echo has-old || echo no-old"
+        ),
+    );
+    assert_eq!(va["stdout"], "I am v1\nhas-old\n");
+    assert_eq!(
+        vb["stdout"], "I am v2\nno-old\n",
+        "§8.6: a file removed in v2 is absent"
+    );
+    assert_ne!(
+        owner.containers(&[format!("skillbox.sandbox={run_a}")]),
+        owner.containers(&[format!("skillbox.sandbox={run_b}")]),
+        "runs with different pins share no container"
+    );
+
+    // §8.9 inside the container.
+    let host_file = dir.path().join("host-only.txt");
+    std::fs::write(&host_file, "host").unwrap();
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let v = sh(
+        &c,
+        &s,
+        &run_a,
+        Some("hello"),
+        &format!(
+            "touch /skills/x 2>/dev/null && echo wrote-skills; touch scripts/run.sh 2>/dev/null && echo wrote-pkg; \
+             mount -o remount,rw /skills 2>/dev/null && echo remounted; id -u; grep CapEff /proc/self/status; \
+             ls -d /skills/*/* | wc -l; test -e {host} && echo host-visible; \
+             python3 -c \"import socket; socket.create_connection(('172.17.0.1', {port}), 2); print('CONNECTED')\" 2>/dev/null || echo no-network",
+            host = host_file.display()
+        ),
+    )
+    .await;
+    assert_eq!(
+        v["stdout"], "65534\nCapEff:\t0000000000000000\n1\nno-network\n",
+        "read-only packages, no remount, unprivileged, only the run's one package, no network: {v}"
+    );
+    drop(listener);
+
+    // A timeout kills the execution's children, not the container.
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run_a,
+        json!({"command": "(sleep 3; echo late > /workspace/late) & sleep 30", "timeout_ms": 500}),
+    )
+    .await;
+    assert_eq!(v["timed_out"], true, "{v}");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let v2 = sh(
+        &c,
+        &s,
+        &run_a,
+        None,
+        "test -e /workspace/late && echo survived || echo killed",
+    )
+    .await;
+    assert_eq!(v2["stdout"], "killed\n", "{v}");
+
+    // Cleanup: finished runs leave no container and no volume.
+    finish(&c, &s, &run_a).await;
+    finish(&c, &s, &run_b).await;
+    assert!(
+        owner.containers(&[]).is_empty(),
+        "containers left: {:?}",
+        owner.containers(&[])
+    );
+    assert!(
+        owner.volumes().is_empty(),
+        "volumes left: {:?}",
+        owner.volumes()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_set_change_waits_for_the_running_execution() {
+    let owner = Owner::new("mountset");
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), &owner);
+    let c = http();
+    publish(&c, &s, ADMIN, "acme", "a", 0, versioned("a", "a1", &[])).await;
+    publish(&c, &s, ADMIN, "acme", "b", 0, versioned("b", "b1", &[])).await;
+    let r = c
+        .post(s.ws("acme", "runs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"skills": ["a", "b"]}))
+        .send()
+        .await
+        .unwrap();
+    let run = r.json::<Value>().await.unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let activate = |skill: &'static str| {
+        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/activations")));
+        async move {
+            let r = c
+                .post(url)
+                .bearer_auth(ADMIN)
+                .json(&json!({ "skill": skill }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    activate("a").await;
+    sh(&c, &s, &run, Some("a"), "true").await;
+    let old = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    assert_eq!(old.len(), 1);
+
+    // A long execution in the old container writes to the workspace when it ends.
+    let long = {
+        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
+        tokio::spawn(async move {
+            c.post(url)
+                .bearer_auth(ADMIN)
+                .json(&json!({"command": "sleep 3; echo from-old > /workspace/f; echo done"}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+
+    // Activating b changes the mount set: a new container on the same workspace volume, while
+    // the old one keeps running its execution.
+    activate("b").await;
+    let v = sh(
+        &c,
+        &s,
+        &run,
+        Some("b"),
+        "ls -d /skills/*/* | wc -l; test -e /workspace/f && echo early || echo not-yet",
+    )
+    .await;
+    assert_eq!(v["stdout"], "2\nnot-yet\n", "{v}");
+    let both = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    assert_eq!(both.len(), 2, "old container kept while its execution runs");
+    assert!(both.contains(&old[0]));
+
+    let long_result = long.await.unwrap();
+    assert_eq!(
+        long_result["stdout"], "done\n",
+        "the execution in the old container completed: {long_result}"
+    );
+    let v = sh(&c, &s, &run, Some("b"), "cat /workspace/f").await;
+    assert_eq!(
+        v["stdout"], "from-old\n",
+        "the workspace outlives containers"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = owner.containers(&[format!("skillbox.sandbox={run}")]);
+        if now.len() == 1 && !now.contains(&old[0]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old container was not retired after its execution ended: {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    finish(&c, &s, &run).await;
+    assert!(owner.containers(&[]).is_empty());
+    assert!(owner.volumes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_adopts_matching_containers_and_removes_inconsistent_ones() {
+    let owner = Owner::new("restart");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let args = owner.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut s = Server::start_on(dir.path(), port, &args);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    sh(&c, &s, &run, Some("hello"), "echo kept > /workspace/k").await;
+    let before = owner.containers(&[]);
+    assert_eq!(before.len(), 1);
+
+    // A container of this owner whose labels do not hold together (no package list).
+    let out = Command::new("docker")
+        .args(["run", "-d", "--network", "none", "--label"])
+        .arg(format!("skillbox.owner={}", owner.0))
+        .args([
+            "--label",
+            "skillbox.sandbox=forged",
+            "--label",
+            "skillbox.signature=0000",
+        ])
+        .arg(image())
+        .args(["sleep", "infinity"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let forged = String::from_utf8_lossy(&out.stdout).trim().to_string();
+
+    s.kill9();
+    let s = Server::start_on(dir.path(), port, &args);
+    let v = sh(
+        &c,
+        &s,
+        &run,
+        Some("hello"),
+        "./scripts/run.sh; cat /workspace/k",
+    )
+    .await;
+    assert_eq!(v["stdout"], "I am v1\nkept\n");
+    assert_eq!(
+        owner.containers(&[]),
+        before,
+        "the matching container was adopted, no new one made; the forged one removed"
+    );
+    assert!(!owner.containers(&[]).contains(&forged));
+    finish(&c, &s, &run).await;
+    assert!(owner.containers(&[]).is_empty());
+    assert!(owner.volumes().is_empty());
+}
