@@ -215,13 +215,7 @@ impl Docker {
                 .is_some()
                 && !sandbox.is_empty()
                 && image_id == self.image_id;
-            let running = self
-                .engine
-                .inspect_container(&id, None)
-                .await
-                .ok()
-                .and_then(|c| c.state.and_then(|s| s.running))
-                .unwrap_or(false);
+            let running = self.is_running(&id).await;
             if consistent && running {
                 let signature = labels.get(LABEL_SIGNATURE).cloned().unwrap_or_default();
                 tracing::info!(container = %id, %sandbox, "adopted a sandbox container");
@@ -241,6 +235,15 @@ impl Docker {
             }
         }
         Ok(())
+    }
+
+    async fn is_running(&self, container: &str) -> bool {
+        self.engine
+            .inspect_container(container, None)
+            .await
+            .ok()
+            .and_then(|c| c.state.and_then(|s| s.running))
+            .unwrap_or(false)
     }
 
     async fn exec_running(&self, container: &str) -> bool {
@@ -607,6 +610,17 @@ impl Backend for Docker {
                     }
                 }
                 chosen
+            };
+            // A container that died (box restart, OOM of its init, `docker kill`) is not used:
+            // it is dropped and a fresh one made on the same workspace volume.
+            let chosen = match chosen {
+                Some(id) if !self.is_running(&id).await => {
+                    tracing::warn!(container = %id, sandbox = %sandbox.id, "sandbox container is not running; replacing it");
+                    self.containers.lock().map_err(poisoned)?.remove(&id);
+                    self.remove_container(&id).await;
+                    None
+                }
+                other => other,
             };
             let handle = match chosen {
                 Some(id) => id,

@@ -397,3 +397,101 @@ async fn restart_adopts_matching_containers_and_removes_inconsistent_ones() {
     assert!(owner.containers(&[]).is_empty());
     assert!(owner.volumes().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_contains_bombs_and_revocation_kills() {
+    let owner = Owner::new("contain");
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), &owner);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    sh(&c, &s, &run, None, "echo kept > /workspace/k").await;
+
+    // A fork bomb and a memory hog are contained; the container keeps working.
+    let (st, v) = exec(&c, &s, &run, json!({"command": "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "timeout_ms": 8000})).await;
+    assert_eq!(st, 200, "{v}");
+    let v = sh(
+        &c,
+        &s,
+        &run,
+        None,
+        "python3 -c 'x = bytearray(8 << 30)' 2>/dev/null; echo rc=$?",
+    )
+    .await;
+    assert_ne!(
+        v["stdout"], "rc=0\n",
+        "8 GiB allocated past a 2 GiB limit: {v}"
+    );
+    let v = sh(&c, &s, &run, None, "cat /workspace/k").await;
+    assert_eq!(v["stdout"], "kept\n");
+
+    // Box restart: the container dies between executions; the next one gets a fresh container
+    // on the same workspace volume.
+    let before = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    assert_eq!(before.len(), 1);
+    let out = Command::new("docker")
+        .args(["kill", &before[0]])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v = sh(
+        &c,
+        &s,
+        &run,
+        Some("hello"),
+        "./scripts/run.sh; cat /workspace/k",
+    )
+    .await;
+    assert_eq!(v["stdout"], "I am v1\nkept\n", "{v}");
+    assert!(
+        !owner
+            .containers(&[format!("skillbox.sandbox={run}")])
+            .contains(&before[0])
+    );
+
+    // §8.8: revocation kills the running execution, and later ones refuse.
+    let started = std::time::Instant::now();
+    let long = {
+        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
+        tokio::spawn(async move {
+            let r = c
+                .post(url)
+                .bearer_auth(ADMIN)
+                .json(&json!({"command": "sleep 60", "timeout_ms": 90_000}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let r = c
+        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"reason": "bad"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (st, v) = long.await.unwrap();
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
+    assert!(
+        started.elapsed().as_secs() < 30,
+        "the execution was not killed"
+    );
+    let (st, v) = exec(&c, &s, &run, json!({"argv": ["true"]})).await;
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
+    finish(&c, &s, &run).await;
+    assert!(owner.containers(&[]).is_empty());
+    assert!(owner.volumes().is_empty());
+}
