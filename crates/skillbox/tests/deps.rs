@@ -6,43 +6,8 @@
 mod support;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use support::*;
 
-/// Writes pure-Python wheels `skbdemo-<v>` (module `skbdemo` with `VERSION = "<v>"`) into a
-/// fresh directory.
-fn wheel_dir(root: &Path, versions: &[&str]) -> PathBuf {
-    let dir = root.join("wheels");
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = r#"
-import base64, hashlib, sys, zipfile
-out, v = sys.argv[1], sys.argv[2]
-files = {
-    "skbdemo/__init__.py": f'VERSION = "{v}"\n',
-    f"skbdemo-{v}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: skbdemo\nVersion: {v}\n",
-    f"skbdemo-{v}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: skillbox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-}
-record = []
-for name, text in files.items():
-    data = text.encode()
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    record.append(f"{name},sha256={digest},{len(data)}")
-record.append(f"skbdemo-{v}.dist-info/RECORD,,")
-files[f"skbdemo-{v}.dist-info/RECORD"] = "\n".join(record) + "\n"
-with zipfile.ZipFile(f"{out}/skbdemo-{v}-py3-none-any.whl", "w") as z:
-    for name, text in files.items():
-        z.writestr(name, text)
-"#;
-    for v in versions {
-        let st = std::process::Command::new("python3")
-            .args(["-c", script])
-            .arg(&dir)
-            .arg(v)
-            .status()
-            .unwrap();
-        assert!(st.success());
-    }
-    dir
-}
+use support::*;
 
 fn py_skill(requirements: &str, tag: &str) -> Vec<u8> {
     let md = skill_md("py", &format!("python skill {tag}"));

@@ -495,3 +495,57 @@ async fn docker_contains_bombs_and_revocation_kills() {
     assert!(owner.containers(&[]).is_empty());
     assert!(owner.volumes().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_dependency_environments_are_built_in_the_image() {
+    let owner = Owner::new("deps");
+    let dir = tempfile::tempdir().unwrap();
+    let wheels = wheel_dir(dir.path(), &["1.0"]);
+    let mut args = owner.args();
+    args.extend([
+        "--deps-find-links".to_string(),
+        wheels.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = Server::start(&dir.path().join("data"), &args);
+    let c = http();
+    let md = skill_md("py", "python skill");
+    let script = "import os, sys, skbdemo\nprint(skbdemo.VERSION, os.environ['VIRTUAL_ENV'].startswith('/envs/'))\n";
+    let pkg = tar_of(&[
+        ("SKILL.md", md.as_bytes()),
+        ("requirements.txt", b"skbdemo==1.0\n"),
+        ("scripts/ver.py", script.as_bytes()),
+    ]);
+    publish(&c, &s, ADMIN, "acme", "py", 0, pkg).await;
+    let run = new_run(&c, &s, &["py"]).await;
+    for _ in 0..2 {
+        let (st, v) = exec(
+            &c,
+            &s,
+            &run,
+            json!({"skill": "py", "argv": ["python3", "scripts/ver.py"]}),
+        )
+        .await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["stdout"], "1.0 True\n", "{v}");
+    }
+    let v = sh(
+        &c,
+        &s,
+        &run,
+        Some("py"),
+        "touch \"$VIRTUAL_ENV/x\" 2>/dev/null && echo wrote || echo read-only",
+    )
+    .await;
+    assert_eq!(v["stdout"], "read-only\n");
+    // The build's one-shot containers are gone; only the run's remains.
+    assert_eq!(
+        owner.containers(&[]).len(),
+        1,
+        "{:?}",
+        owner.containers(&[])
+    );
+    finish(&c, &s, &run).await;
+    assert!(owner.containers(&[]).is_empty());
+    assert!(owner.volumes().is_empty());
+}
