@@ -57,6 +57,12 @@ pub struct DockerConfig {
     pub memory_bytes: i64,
     pub pids: i64,
     pub nano_cpus: i64,
+    /// Copy mode: packages are uploaded into a per-sandbox volume at `/skills` and verified
+    /// inside the container instead of bound from the revision cache.
+    pub copy_mode: bool,
+    /// Tests only: a file naming a fault (`truncate`, `flip`, `missing`, `extra`, `crash`) to
+    /// inject into the next copy-mode transfer (consumed).
+    pub failpoint: Option<std::path::PathBuf>,
 }
 
 impl DockerConfig {
@@ -68,6 +74,8 @@ impl DockerConfig {
             memory_bytes: 2 << 30,
             pids: 256,
             nano_cpus: 1_000_000_000,
+            copy_mode: false,
+            failpoint: None,
         }
     }
 }
@@ -107,10 +115,13 @@ fn api_pair(v: &str) -> (u32, u32) {
 
 /// What the signature covers: every package (target, digest, ro), every other bind (target,
 /// source, mode), the image, the network flag and the workspace.
-fn signature(sandbox: &Sandbox, image_id: &str) -> String {
+/// In copy mode packages are not part of the container (they are prepared into its volume),
+/// so they are not part of the signature either.
+fn signature(sandbox: &Sandbox, image_id: &str, bound_packages: bool) -> String {
     let mut lines: Vec<String> = sandbox
         .mounts
         .iter()
+        .filter(|_| bound_packages)
         .map(|m| format!("pkg {} {} ro", m.target, m.digest))
         .chain(sandbox.binds.iter().map(|b| {
             format!(
@@ -131,6 +142,61 @@ fn signature(sandbox: &Sandbox, image_id: &str) -> String {
 fn volume_name(sandbox: &str) -> String {
     format!("skillbox-ws-{sandbox}")
 }
+
+/// Copy mode: the volume the sandbox's packages are prepared into (mounted at `/skills`).
+fn packages_volume(sandbox: &str) -> String {
+    format!("skillbox-pk-{sandbox}")
+}
+
+/// Copy mode: where the ready marker of `target` is (`target digest`, written last).
+const READY_DIR: &str = "/skills/.ready";
+
+/// Verifies the staged package in `$S` against the manifest on stdin (`<hex>  ./<path>`
+/// lines, then `x ./<path>` lines naming the executables): every file's SHA-256, no file
+/// missing or extra, nothing but files and directories, the executable bits. Then makes it
+/// read-only, moves anything at `$T` aside (never changed in place), renames it into place and
+/// writes the ready marker last.
+const PREPARE_SCRIPT: &str = r#"set -e
+m=/tmp/.skillbox-m.$$
+cat > "$m"
+cd "$S"
+grep -v '^x ' "$m" > "$m.sha" || true
+sha256sum -c --quiet --strict "$m.sha" >/dev/null 2>&1 || { echo "content differs from the manifest" >&2; exit 4; }
+find . -type f | sort > "$m.have"
+sed 's/^[0-9a-f]*  //' "$m.sha" | sort > "$m.want"
+cmp -s "$m.have" "$m.want" || { echo "files differ from the manifest" >&2; exit 4; }
+[ -z "$(find . ! -type f ! -type d)" ] || { echo "not only files and directories" >&2; exit 4; }
+find . -type f -perm -u+x | sort > "$m.xhave"
+{ grep '^x ' "$m" || true; } | sed 's/^x //' | sort > "$m.xwant"
+cmp -s "$m.xhave" "$m.xwant" || { echo "executable bits differ from the manifest" >&2; exit 4; }
+# Files read-only; directories stay writable by their owner (root) only, which a rename
+# across directories needs (it rewrites the directory's `..`).
+find . -type f -exec chmod a-w {} +
+chmod -R go-w .
+cd /
+mkdir -p "$(dirname "$T")" "$READY_DIR"
+rm -f "$READY_DIR/$K"
+if [ -e "$T" ]; then a="/skills/.stale-$$"; mv "$T" "$a"; chmod -R u+w "$a"; rm -rf "$a"; fi
+mv "$S" "$T"
+echo "$T $D" > "$READY_DIR/$K.tmp"
+mv "$READY_DIR/$K.tmp" "$READY_DIR/$K"
+rm -f "$m" "$m".*
+"#;
+
+/// Lists the ready packages (`<target> <digest>` from the markers) and re-verifies each one
+/// named on stdin (`<target>	<hex>	<path>` lines) against its manifest: prints `ok <target>
+/// <digest>` for a verified one, `extra <target> <digest>` for a marker outside the list.
+const PREPARED_SCRIPT: &str = r#"m=/tmp/.skillbox-v.$$
+cat > "$m"
+for f in "$READY_DIR"/*; do
+  [ -f "$f" ] || continue
+  read -r t d < "$f" || continue
+  if ! grep -q "^$t	" "$m"; then echo "extra $t $d"; continue; fi
+  grep "^$t	" "$m" | awk -F'	' '{print $2"  ./"$3}' > "$m.sha"
+  ( cd "$t" 2>/dev/null && sha256sum -c --quiet --strict "$m.sha" >/dev/null 2>&1     && [ "$(find . -type f | wc -l)" = "$(wc -l < "$m.sha")" ] ) && echo "ok $t $d"
+done
+rm -f "$m" "$m".*
+"#;
 
 impl Docker {
     /// Connects to the local engine (`DOCKER_HOST` or `/var/run/docker.sock`), negotiates the
@@ -219,6 +285,21 @@ impl Docker {
             if consistent && running {
                 let signature = labels.get(LABEL_SIGNATURE).cloned().unwrap_or_default();
                 tracing::info!(container = %id, %sandbox, "adopted a sandbox container");
+                if self.cfg.copy_mode {
+                    // Uploads abandoned by the previous process.
+                    let swept = self
+                        .command(
+                            &id,
+                            "0:0",
+                            "chmod -R u+w /skills/.staging 2>/dev/null; rm -rf /skills/.staging",
+                            BTreeMap::new(),
+                            vec![],
+                        )
+                        .await;
+                    if let Err(e) = swept {
+                        tracing::warn!(container = %id, error = %e, "cannot sweep abandoned staging");
+                    }
+                }
                 self.known.lock().map_err(poisoned)?.insert(sandbox.clone());
                 self.containers.lock().map_err(poisoned)?.insert(
                     id,
@@ -280,6 +361,7 @@ impl Docker {
         let mut mounts: Vec<EngineMount> = sandbox
             .mounts
             .iter()
+            .filter(|_| !self.cfg.copy_mode)
             .map(|m| EngineMount {
                 target: Some(m.target.clone()),
                 source: Some(m.source.display().to_string()),
@@ -313,19 +395,20 @@ impl Docker {
             LABEL_PACKAGES.to_string(),
             serde_json::to_string(&packages).unwrap_or_default(),
         );
+        if self.cfg.copy_mode {
+            let volume = packages_volume(&sandbox.id);
+            self.create_volume(&volume, &sandbox.id).await?;
+            mounts.push(EngineMount {
+                target: Some("/skills".into()),
+                source: Some(volume),
+                typ: Some(MountType::VOLUME),
+                read_only: Some(false),
+                ..Default::default()
+            });
+        }
         if sandbox.workspace_dir.is_some() {
             let volume = volume_name(&sandbox.id);
-            self.engine
-                .create_volume(bollard::models::VolumeCreateRequest {
-                    name: Some(volume.clone()),
-                    labels: Some(HashMap::from([
-                        (LABEL_OWNER.to_string(), self.cfg.owner.clone()),
-                        (LABEL_SANDBOX.to_string(), sandbox.id.clone()),
-                    ])),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| engine_error("creating the workspace volume", e))?;
+            self.create_volume(&volume, &sandbox.id).await?;
             mounts.push(EngineMount {
                 target: Some("/workspace".into()),
                 source: Some(volume),
@@ -374,6 +457,189 @@ impl Docker {
         Ok(created.id)
     }
 
+    async fn create_volume(&self, name: &str, sandbox: &str) -> Result<(), BoxError> {
+        self.engine
+            .create_volume(bollard::models::VolumeCreateRequest {
+                name: Some(name.to_string()),
+                labels: Some(HashMap::from([
+                    (LABEL_OWNER.to_string(), self.cfg.owner.clone()),
+                    (LABEL_SANDBOX.to_string(), sandbox.to_string()),
+                ])),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| engine_error("creating a volume", e))?;
+        Ok(())
+    }
+
+    /// Runs a box-internal command in a container as `user`: (exit code, stdout, stderr).
+    async fn command(
+        &self,
+        container: &str,
+        user: &str,
+        script: &str,
+        env: BTreeMap<String, String>,
+        stdin: Vec<u8>,
+    ) -> Result<(Option<i32>, Vec<u8>, Vec<u8>), BoxError> {
+        let req = ExecRequest {
+            program: Program::Shell(script.into()),
+            cwd: "/".into(),
+            env,
+            stdin: Some(stdin),
+            timeout: std::time::Duration::from_secs(300),
+            output_cap: 1 << 20,
+            live: None,
+        };
+        let (_never, kill) = tokio::sync::oneshot::channel();
+        let r = self.run_exec_as(container, user, false, req, kill).await?;
+        Ok((r.exit_code, r.stdout, r.stderr))
+    }
+
+    fn take_failpoint(&self) -> Option<String> {
+        let f = self.cfg.failpoint.as_ref()?;
+        let name = std::fs::read_to_string(f).ok()?;
+        std::fs::remove_file(f).ok()?;
+        Some(name.trim().to_string())
+    }
+
+    /// Copy mode: uploads the package as a tar into a fresh staging directory on the
+    /// packages volume, then verifies and seals it inside the container (`PREPARE_SCRIPT`).
+    async fn prepare_copy(&self, lease: &Lease, mount: &Mount) -> Result<(), BoxError> {
+        let staging = format!(
+            "/skills/.staging/{}",
+            skillbox_package::staging::unique_name("")
+        );
+        let (code, _, err) = self
+            .command(
+                &lease.handle,
+                "0:0",
+                r#"mkdir -p /skills/.staging && mkdir "$S""#,
+                BTreeMap::from([("S".to_string(), staging.clone())]),
+                vec![],
+            )
+            .await?;
+        if code != Some(0) {
+            return Err(BoxError::Unavailable(format!(
+                "docker: cannot make a staging directory: {}",
+                String::from_utf8_lossy(&err).trim()
+            )));
+        }
+        let (source, manifest) = (mount.source.clone(), mount.manifest.clone());
+        let fault = self.take_failpoint();
+        let tar =
+            tokio::task::spawn_blocking(move || package_tar(&source, &manifest, fault.as_deref()))
+                .await
+                .map_err(|e| BoxError::Unavailable(format!("packing task failed: {e}")))??;
+        let crash = tar.1;
+        // The engine's answer is not trusted (it reports success for some failed uploads):
+        // whatever arrived is verified next.
+        let uploaded = self
+            .engine
+            .upload_to_container(
+                &lease.handle,
+                Some(bollard::query_parameters::UploadToContainerOptions {
+                    path: staging.clone(),
+                    ..Default::default()
+                }),
+                bollard::body_full(tar.0.into()),
+            )
+            .await;
+        if let Err(e) = &uploaded {
+            tracing::warn!(target = %mount.target, error = %e, "copy-mode upload failed");
+        }
+        if crash {
+            return Err(BoxError::Unavailable(
+                "package preparation was interrupted; nothing was executed".into(),
+            ));
+        }
+        let mut listing = String::new();
+        for e in mount.manifest.entries() {
+            listing.push_str(&format!(
+                "{}  ./{}
+",
+                e.sha256.to_hex(),
+                e.path
+            ));
+        }
+        for e in mount.manifest.entries().iter().filter(|e| e.executable) {
+            listing.push_str(&format!(
+                "x ./{}
+",
+                e.path
+            ));
+        }
+        let env = BTreeMap::from([
+            ("S".to_string(), staging.clone()),
+            ("T".to_string(), mount.target.clone()),
+            ("K".to_string(), marker_key(&mount.target)),
+            ("D".to_string(), mount.digest.to_string()),
+            ("READY_DIR".to_string(), READY_DIR.to_string()),
+        ]);
+        let (code, _, err) = self
+            .command(
+                &lease.handle,
+                "0:0",
+                PREPARE_SCRIPT,
+                env,
+                listing.into_bytes(),
+            )
+            .await?;
+        if code != Some(0) {
+            let _ = self
+                .command(
+                    &lease.handle,
+                    "0:0",
+                    r#"chmod -R u+w "$S" 2>/dev/null; rm -rf "$S""#,
+                    BTreeMap::from([("S".to_string(), staging)]),
+                    vec![],
+                )
+                .await;
+            return Err(BoxError::Unavailable(format!(
+                "the copy of {} failed verification in the container ({}); nothing was executed — retry",
+                mount.target,
+                String::from_utf8_lossy(&err).trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copy mode: the verified ready packages of the container, and any marker outside the set.
+    async fn prepared_copies(&self, lease: &Lease) -> Result<BTreeMap<String, Digest>, BoxError> {
+        let mut listing = String::new();
+        for m in &lease.sandbox.mounts {
+            for e in m.manifest.entries() {
+                listing.push_str(&format!(
+                    "{}	{}	{}
+",
+                    m.target,
+                    e.sha256.to_hex(),
+                    e.path
+                ));
+            }
+        }
+        let env = BTreeMap::from([("READY_DIR".to_string(), READY_DIR.to_string())]);
+        let uid = format!("{0}:{0}", self.cfg.uid);
+        let (_, out, _) = self
+            .command(
+                &lease.handle,
+                &uid,
+                PREPARED_SCRIPT,
+                env,
+                listing.into_bytes(),
+            )
+            .await?;
+        let mut ready = BTreeMap::new();
+        for line in String::from_utf8_lossy(&out).lines() {
+            let mut it = line.split(' ');
+            if let (Some(_), Some(target), Some(digest)) = (it.next(), it.next(), it.next())
+                && let Ok(d) = digest.parse::<Digest>()
+            {
+                ready.insert(target.to_string(), d);
+            }
+        }
+        Ok(ready)
+    }
+
     /// Removes containers that are retired and unleased.
     async fn reap(&self) {
         let idle: Vec<String> = match self.containers.lock() {
@@ -396,19 +662,27 @@ impl Docker {
     }
 
     /// Kills the exec's process group from the host.
-    async fn kill_exec(&self, exec_id: &str) {
-        if let Ok(e) = self.engine.inspect_exec(exec_id).await
-            && let Some(pid) = e.pid.filter(|p| *p > 1)
-        {
-            let pid = nix::unistd::Pid::from_raw(pid as i32);
+    /// The host pid of a running exec's first process: the leader of its process group.
+    async fn exec_pid(&self, exec_id: &str) -> Option<i32> {
+        let e = self.engine.inspect_exec(exec_id).await.ok()?;
+        e.pid.filter(|p| *p > 1).map(|p| p as i32)
+    }
+
+    /// Kills the exec's process group from the host (the exec's processes that did not leave
+    /// it, wherever they are in their lives).
+    fn kill_group(pid: Option<i32>) {
+        if let Some(pid) = pid {
+            let pid = nix::unistd::Pid::from_raw(pid);
             let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
     }
 
-    async fn run_exec(
+    async fn run_exec_as(
         &self,
-        lease: &Lease,
+        container: &str,
+        user: &str,
+        workspace: bool,
         req: ExecRequest,
         kill: tokio::sync::oneshot::Receiver<()>,
     ) -> Result<ExecResult, BoxError> {
@@ -429,7 +703,7 @@ impl Docker {
         env.entry("PATH".into())
             .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
         env.entry("HOME".into()).or_insert_with(|| {
-            if lease.sandbox.workspace_dir.is_some() {
+            if workspace {
                 "/workspace".into()
             } else {
                 "/tmp".into()
@@ -441,12 +715,12 @@ impl Docker {
         let exec = self
             .engine
             .create_exec(
-                &lease.handle,
+                container,
                 CreateExecOptions {
                     cmd: Some(cmd),
                     env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
                     working_dir: Some(req.cwd.clone()),
-                    user: Some(format!("{0}:{0}", self.cfg.uid)),
+                    user: Some(user.to_string()),
                     attach_stdin: Some(req.stdin.is_some()),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
@@ -477,6 +751,10 @@ impl Docker {
         } else {
             drop(input);
         }
+        // As with bwrap, an execution's processes end with it: background children still in
+        // its process group are killed when it ends (and on timeout or revocation).
+        // The pid may not be known yet right after start: asked again when needed.
+        let mut group = self.exec_pid(&exec.id).await;
         let mut out = Capped::new(req.output_cap, req.live.clone(), StreamKind::Stdout);
         let mut err = Capped::new(req.output_cap, req.live.clone(), StreamKind::Stderr);
         let deadline = tokio::time::sleep(req.timeout);
@@ -493,14 +771,20 @@ impl Docker {
                 },
                 _ = &mut deadline, if ended_by.is_none() => {
                     ended_by = Some(Outcome::TimedOut);
-                    self.kill_exec(&exec.id).await;
+                    if group.is_none() { group = self.exec_pid(&exec.id).await; }
+                    Self::kill_group(group);
                 }
                 Ok(()) = &mut kill, if ended_by.is_none() => {
                     ended_by = Some(Outcome::Killed);
-                    self.kill_exec(&exec.id).await;
+                    if group.is_none() { group = self.exec_pid(&exec.id).await; }
+                    Self::kill_group(group);
                 }
             }
         }
+        if group.is_none() {
+            group = self.exec_pid(&exec.id).await;
+        }
+        Self::kill_group(group);
         let mut exit_code = None;
         for _ in 0..50 {
             match self.engine.inspect_exec(&exec.id).await {
@@ -589,7 +873,7 @@ impl Backend for Docker {
 
     fn acquire<'a>(&'a self, sandbox: &'a Sandbox) -> BoxFuture<'a, Lease> {
         Box::pin(async move {
-            let signature = signature(sandbox, &self.image_id);
+            let signature = signature(sandbox, &self.image_id, !self.cfg.copy_mode);
             let gate = {
                 let mut g = self.creating.lock().await;
                 g.entry(sandbox.id.clone()).or_default().clone()
@@ -654,6 +938,9 @@ impl Backend for Docker {
     /// signature was computed from.
     fn prepared<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, BTreeMap<String, Digest>> {
         Box::pin(async move {
+            if self.cfg.copy_mode {
+                return self.prepared_copies(lease).await;
+            }
             Ok(lease
                 .sandbox
                 .mounts
@@ -663,10 +950,13 @@ impl Backend for Docker {
         })
     }
 
-    fn prepare<'a>(&'a self, _lease: &'a Lease, mount: &'a Mount) -> BoxFuture<'a, ()> {
+    fn prepare<'a>(&'a self, lease: &'a Lease, mount: &'a Mount) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            if self.cfg.copy_mode {
+                return self.prepare_copy(lease, mount).await;
+            }
             Err(BoxError::Unavailable(format!(
-                "docker: {} is not bound in the container; copy mode is not built for docker yet",
+                "docker: {} is not bound in the container",
                 mount.target
             )))
         })
@@ -678,7 +968,17 @@ impl Backend for Docker {
         req: ExecRequest,
         kill: tokio::sync::oneshot::Receiver<()>,
     ) -> ExecFuture<'a> {
-        Box::pin(self.run_exec(lease, req, kill))
+        let user = format!("{0}:{0}", self.cfg.uid);
+        Box::pin(async move {
+            self.run_exec_as(
+                &lease.handle,
+                &user,
+                lease.sandbox.workspace_dir.is_some(),
+                req,
+                kill,
+            )
+            .await
+        })
     }
 
     /// The last lease of a retired container removes it; so does the end of the box's own
@@ -733,6 +1033,7 @@ impl Backend for Docker {
         self.known.lock().map_err(poisoned)?.remove(id);
         let engine = self.engine.clone();
         let volume = volume_name(id);
+        let packages = packages_volume(id);
         // Called from a blocking context: the removal runs on the runtime, in order.
         let handle = tokio::runtime::Handle::try_current()
             .map_err(|e| BoxError::Unavailable(format!("no runtime: {e}")))?;
@@ -748,12 +1049,14 @@ impl Backend for Docker {
                     )
                     .await;
             }
-            let _ = engine
-                .remove_volume(
-                    &volume,
-                    Some(bollard::query_parameters::RemoveVolumeOptions { force: true }),
-                )
-                .await;
+            for v in [volume, packages] {
+                let _ = engine
+                    .remove_volume(
+                        &v,
+                        Some(bollard::query_parameters::RemoveVolumeOptions { force: true }),
+                    )
+                    .await;
+            }
         });
         Ok(())
     }
@@ -764,4 +1067,65 @@ impl Backend for Docker {
             .map(|k| k.iter().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+fn marker_key(target: &str) -> String {
+    Sha256::of(target.as_bytes()).to_hex()[..32].to_string()
+}
+
+/// The package as a tar for upload, with a test fault injected if asked; `true` = simulate a
+/// crash after the upload.
+fn package_tar(
+    source: &Path,
+    manifest: &skillbox_package::Manifest,
+    fault: Option<&str>,
+) -> Result<(Vec<u8>, bool), BoxError> {
+    let Some(fault) = fault else {
+        let tar = skillbox_package::write::write_tar(
+            Vec::new(),
+            manifest,
+            &skillbox_package::write::DirSource(source),
+        )?;
+        return Ok((tar, false));
+    };
+    let fault = Some(fault);
+    let victim = manifest
+        .entries()
+        .iter()
+        .max_by_key(|e| e.size)
+        .map(|e| e.path.clone());
+    let entries: Vec<skillbox_package::FileEntry> = manifest
+        .entries()
+        .iter()
+        .filter(|e| !(fault == Some("missing") && Some(&e.path) == victim.as_ref()))
+        .cloned()
+        .collect();
+    let mut b = tar::Builder::new(Vec::new());
+    for e in &entries {
+        let mut data = std::fs::read(source.join(&e.path))?;
+        if fault == Some("flip")
+            && Some(&e.path) == victim.as_ref()
+            && let Some(x) = data.first_mut()
+        {
+            *x ^= 1;
+        }
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(if e.executable { 0o755 } else { 0o644 });
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_mtime(0);
+        b.append_data(&mut h, &e.path, &data[..])?;
+    }
+    if fault == Some("extra") {
+        let data = b"#!/bin/sh\necho planted\n";
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o755);
+        b.append_data(&mut h, "planted.sh", &data[..])?;
+    }
+    let mut bytes = b.into_inner()?;
+    if fault == Some("truncate") {
+        bytes.truncate(bytes.len() / 2);
+    }
+    Ok((bytes, fault == Some("crash")))
 }

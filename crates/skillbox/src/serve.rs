@@ -220,11 +220,6 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
         Some("none") => Ok(None),
         Some("bwrap") => bwrap().map(Some).context("--box bwrap"),
         Some("docker") => {
-            if copy_mode {
-                bail!(
-                    "--box-copy-mode is not built for the docker backend yet; drop it (docker binds the revision cache read-only)"
-                );
-            }
             let Some(image) = a.docker_image.clone() else {
                 bail!(
                     "--box docker needs --docker-image IMAGE (SKILLBOX_DOCKER_IMAGE): the image sandboxes run in"
@@ -233,6 +228,15 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
             let mut cfg = skillbox_box::docker::DockerConfig::new(image);
             cfg.uid = SANDBOX_UID;
             cfg.owner = a.docker_owner.clone();
+            if copy_mode {
+                let dir = data_dir.join("box/prepared");
+                std::fs::create_dir_all(&dir)?;
+                cfg.copy_mode = true;
+                cfg.failpoint = Some(dir.join("FAILPOINT"));
+                tracing::info!(
+                    "copy mode: packages are uploaded into each sandbox's volume and verified inside it"
+                );
+            }
             let d = skillbox_box::docker::Docker::connect(cfg)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))

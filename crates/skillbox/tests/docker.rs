@@ -433,7 +433,7 @@ async fn docker_contains_bombs_and_revocation_kills() {
         "8 GiB allocated past a 2 GiB limit: {v}"
     );
     let v = sh(&c, &s, &run, None, "cat /workspace/k").await;
-    assert_eq!(v["stdout"], "kept\n");
+    assert_eq!(v["stdout"], "kept\n", "{v}");
 
     // Box restart: the container dies between executions; the next one gets a fresh container
     // on the same workspace volume.
@@ -548,4 +548,112 @@ async fn docker_dependency_environments_are_built_in_the_image() {
     finish(&c, &s, &run).await;
     assert!(owner.containers(&[]).is_empty());
     assert!(owner.volumes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_copy_mode_never_executes_a_bad_transfer() {
+    let owner = Owner::new("copy");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut args = owner.args();
+    args.push("--box-copy-mode".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut s = Server::start_on(dir.path(), port, &args);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[("data.bin", &[7u8; 4096])]),
+    )
+    .await;
+    let failpoint = dir.path().join("box/prepared/FAILPOINT");
+    let body = json!({"skill": "hello", "command": "touch /workspace/ran; ./scripts/run.sh"});
+    for fault in ["truncate", "flip", "missing", "extra", "crash"] {
+        let run = new_run(&c, &s, &["hello"]).await;
+        std::fs::write(&failpoint, fault).unwrap();
+        let (st, v) = exec(&c, &s, &run, body.clone()).await;
+        assert_eq!(
+            (st, error_code(&v)),
+            (503, "box_unavailable"),
+            "{fault}: {v}"
+        );
+        assert!(!failpoint.exists(), "{fault}: failpoint not consumed");
+        let v = sh(
+            &c,
+            &s,
+            &run,
+            None,
+            "test -e /workspace/ran && echo ran || echo never",
+        )
+        .await;
+        assert_eq!(v["stdout"], "never\n", "{fault}: the bad transfer executed");
+        let (st, v) = exec(&c, &s, &run, body.clone()).await;
+        assert_eq!(
+            (st, v["stdout"].as_str()),
+            (200, Some("I am v1\n")),
+            "{fault}: {v}"
+        );
+        finish(&c, &s, &run).await;
+    }
+
+    // Packages in the volume are read-only to the sandbox user.
+    let run = new_run(&c, &s, &["hello"]).await;
+    let v = sh(&c, &s, &run, Some("hello"), "echo x >> scripts/run.sh 2>/dev/null && echo wrote; rm -f data.bin 2>/dev/null && echo removed; ./scripts/run.sh").await;
+    assert_eq!(v["stdout"], "I am v1\n", "{v}");
+
+    // Restart, then tamper with the prepared copy inside the adopted container: detected and
+    // prepared afresh, never executed as is.
+    s.kill9();
+    let s = Server::start_on(dir.path(), port, &args);
+    let container = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    assert_eq!(container.len(), 1);
+    let out = Command::new("docker")
+        .args([
+            "exec",
+            &container[0],
+            "sh",
+            "-c",
+            "ls -A /skills/.staging 2>/dev/null | wc -l",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0",
+        "abandoned staging swept at start"
+    );
+    let out = Command::new("docker")
+        .args([
+            "exec",
+            "-u",
+            "0",
+            &container[0],
+            "sh",
+            "-c",
+            "f=$(ls -d /skills/*/1)/scripts/run.sh; chmod u+w $f; echo 'echo TAMPERED' >> $f",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = sh(&c, &s, &run, Some("hello"), "./scripts/run.sh").await;
+    assert_eq!(
+        v["stdout"], "I am v1\n",
+        "a tampered copy was executed: {v}"
+    );
+    assert_eq!(
+        owner.containers(&[format!("skillbox.sandbox={run}")]),
+        container,
+        "adopted, not replaced"
+    );
+    finish(&c, &s, &run).await;
+    assert!(owner.containers(&[]).is_empty());
+    assert!(owner.volumes().is_empty(), "{:?}", owner.volumes());
 }
