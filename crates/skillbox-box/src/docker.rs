@@ -184,7 +184,7 @@ rm -f "$m" "$m".*
 "#;
 
 /// Lists the ready packages (`<target> <digest>` from the markers) and re-verifies each one
-/// named on stdin (`<target>	<hex>	<path>` lines) against its manifest: prints `ok <target>
+/// named on stdin (`<target>\t<hex>\t<path>` lines) against its manifest: prints `ok <target>
 /// <digest>` for a verified one, `extra <target> <digest>` for a marker outside the list.
 const PREPARED_SCRIPT: &str = r#"m=/tmp/.skillbox-v.$$
 cat > "$m"
@@ -362,21 +362,14 @@ impl Docker {
             .mounts
             .iter()
             .filter(|_| !self.cfg.copy_mode)
-            .map(|m| EngineMount {
-                target: Some(m.target.clone()),
-                source: Some(m.source.display().to_string()),
-                typ: Some(MountType::BIND),
-                read_only: Some(true),
-                ..Default::default()
-            })
+            .map(|m| self.bind(&m.source, &m.target, false))
             .collect();
-        mounts.extend(sandbox.binds.iter().map(|b| EngineMount {
-            target: Some(b.target.clone()),
-            source: Some(b.source.display().to_string()),
-            typ: Some(MountType::BIND),
-            read_only: Some(!b.writable),
-            ..Default::default()
-        }));
+        mounts.extend(
+            sandbox
+                .binds
+                .iter()
+                .map(|b| self.bind(&b.source, &b.target, b.writable)),
+        );
         let mut labels = HashMap::from([
             (LABEL_OWNER.to_string(), self.cfg.owner.clone()),
             (LABEL_SANDBOX.to_string(), sandbox.id.clone()),
@@ -455,6 +448,25 @@ impl Docker {
             return Err(engine_error("starting a sandbox container", e));
         }
         Ok(created.id)
+    }
+
+    /// A bind mount; read-only ones are made recursively read-only where the engine can
+    /// (API ≥ 1.44 fails rather than silently downgrading). Package trees have no submounts,
+    /// so on older engines a plain read-only bind is read-only all the way down.
+    fn bind(&self, source: &Path, target: &str, writable: bool) -> EngineMount {
+        EngineMount {
+            target: Some(target.to_string()),
+            source: Some(source.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(!writable),
+            bind_options: (!writable && self.recursive_read_only()).then(|| {
+                bollard::models::MountBindOptions {
+                    read_only_force_recursive: Some(true),
+                    ..Default::default()
+                }
+            }),
+            ..Default::default()
+        }
     }
 
     async fn create_volume(&self, name: &str, sandbox: &str) -> Result<(), BoxError> {

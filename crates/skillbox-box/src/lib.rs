@@ -2,12 +2,16 @@
 //! and mounts — not skills, runs or workspaces; the server composes a sandbox's mount set
 //! from a run's pins.
 //!
-//! Backends implement [`Backend`]. This version has [`bwrap::Bwrap`]: one bubblewrap process
-//! per execution with read-only binds of exactly the mount set under `/skills`, a writable
-//! `/workspace`, a read-only system, a private `/tmp`, every namespace unshared (network too
-//! unless allowed), no capabilities, an unprivileged uid, rlimits, and a wall-clock timeout
-//! that kills the whole sandbox. A backend whose probe fails is never used: there is no
-//! fallback to running on the host.
+//! Backends implement [`Backend`], driven identically by [`BoxRuntime`]: acquire a sandbox for
+//! exactly the mount set, compare its prepared packages with the pins, prepare what is missing
+//! or differs, execute, release. [`bwrap::Bwrap`] makes one bubblewrap process per execution
+//! with read-only binds of exactly the mount set under `/skills`, a writable `/workspace`, a
+//! read-only system, a private `/tmp`, every namespace unshared (network too unless allowed),
+//! no capabilities, an unprivileged uid, rlimits, and a wall-clock timeout that kills the whole
+//! sandbox. [`docker::Docker`] keeps a long-lived container per (run, mount set) on the local
+//! engine. Both have a copy mode ([`prepare`] for bwrap) that copies and verifies packages
+//! instead of binding them; [`deps`] builds dependency environments. A backend whose probe
+//! fails is never used: there is no fallback to running on the host.
 
 pub mod bwrap;
 pub mod deps;

@@ -199,6 +199,20 @@ async fn docker_runs_see_exactly_their_pins_read_only() {
     );
     drop(listener);
 
+    // A timeout kills the execution's own processes, not the container's other work: a
+    // concurrent execution in the same container completes.
+    let (other, (_, timed)) = tokio::join!(
+        sh(&c, &s, &run_a, None, "sleep 2; echo other-finished"),
+        exec(
+            &c,
+            &s,
+            &run_a,
+            json!({"command": "sleep 30", "timeout_ms": 300})
+        ),
+    );
+    assert_eq!(timed["timed_out"], true, "{timed}");
+    assert_eq!(other["stdout"], "other-finished\n", "{other}");
+
     // A timeout kills the execution's children, not the container.
     let (_, v) = exec(
         &c,
