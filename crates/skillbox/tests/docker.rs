@@ -64,6 +64,22 @@ impl Owner {
     }
 }
 
+impl Owner {
+    /// Cleanup: nothing of this owner is left in the engine.
+    fn assert_clean(&self) {
+        assert!(
+            self.containers(&[]).is_empty(),
+            "containers left: {:?}",
+            self.containers(&[])
+        );
+        assert!(
+            self.volumes().is_empty(),
+            "volumes left: {:?}",
+            self.volumes()
+        );
+    }
+}
+
 impl Drop for Owner {
     fn drop(&mut self) {
         for c in self.containers(&[]) {
@@ -83,17 +99,6 @@ fn start(dir: &std::path::Path, owner: &Owner) -> Server {
     Server::start(dir, &args)
 }
 
-fn versioned(name: &str, v: &str, extra: &[(&str, &[u8])]) -> Vec<u8> {
-    let md = skill_md(name, &format!("{name} {v}"));
-    let script = format!("#!/bin/sh\necho \"I am {v}\"\n");
-    let mut files: Vec<(&str, &[u8])> = vec![
-        ("SKILL.md", md.as_bytes()),
-        ("scripts/run.sh", script.as_bytes()),
-    ];
-    files.extend_from_slice(extra);
-    tar_of(&files)
-}
-
 async fn finish(c: &reqwest::Client, s: &Server, run: &str) {
     let r = c
         .delete(s.ws("acme", &format!("runs/{run}")))
@@ -102,12 +107,6 @@ async fn finish(c: &reqwest::Client, s: &Server, run: &str) {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-}
-
-async fn sh(c: &reqwest::Client, s: &Server, run: &str, skill: Option<&str>, cmd: &str) -> Value {
-    let (st, v) = exec(c, s, run, json!({"skill": skill, "command": cmd})).await;
-    assert_eq!(st, 200, "{v}");
-    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,16 +235,7 @@ async fn docker_runs_see_exactly_their_pins_read_only() {
     // Cleanup: finished runs leave no container and no volume.
     finish(&c, &s, &run_a).await;
     finish(&c, &s, &run_b).await;
-    assert!(
-        owner.containers(&[]).is_empty(),
-        "containers left: {:?}",
-        owner.containers(&[])
-    );
-    assert!(
-        owner.volumes().is_empty(),
-        "volumes left: {:?}",
-        owner.volumes()
-    );
+    owner.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,8 +331,7 @@ async fn mount_set_change_waits_for_the_running_execution() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     finish(&c, &s, &run).await;
-    assert!(owner.containers(&[]).is_empty());
-    assert!(owner.volumes().is_empty());
+    owner.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,8 +397,7 @@ async fn restart_adopts_matching_containers_and_removes_inconsistent_ones() {
     );
     assert!(!owner.containers(&[]).contains(&forged));
     finish(&c, &s, &run).await;
-    assert!(owner.containers(&[]).is_empty());
-    assert!(owner.volumes().is_empty());
+    owner.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,8 +494,7 @@ async fn docker_contains_bombs_and_revocation_kills() {
     let (st, v) = exec(&c, &s, &run, json!({"argv": ["true"]})).await;
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
     finish(&c, &s, &run).await;
-    assert!(owner.containers(&[]).is_empty());
-    assert!(owner.volumes().is_empty());
+    owner.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -560,8 +547,7 @@ async fn docker_dependency_environments_are_built_in_the_image() {
         owner.containers(&[])
     );
     finish(&c, &s, &run).await;
-    assert!(owner.containers(&[]).is_empty());
-    assert!(owner.volumes().is_empty());
+    owner.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -668,6 +654,5 @@ async fn docker_copy_mode_never_executes_a_bad_transfer() {
         "adopted, not replaced"
     );
     finish(&c, &s, &run).await;
-    assert!(owner.containers(&[]).is_empty());
-    assert!(owner.volumes().is_empty(), "{:?}", owner.volumes());
+    owner.assert_clean();
 }

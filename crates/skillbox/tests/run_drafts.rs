@@ -38,12 +38,6 @@ async fn publish_draft(c: &reqwest::Client, s: &Server, id: &str) -> (u16, Value
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
-async fn sh(c: &reqwest::Client, s: &Server, run: &str, command: &str) -> Value {
-    let (st, v) = exec(c, s, run, json!({ "command": command })).await;
-    assert_eq!(st, 200, "{v}");
-    v
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base() {
     let dir = tempfile::tempdir().unwrap();
@@ -64,6 +58,7 @@ async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base() {
         &c,
         &s,
         &run,
+        None,
         &format!("cat {path}/scripts/run.sh && test -x {path}/scripts/run.sh && echo exec"),
     )
     .await;
@@ -74,6 +69,7 @@ async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base() {
         &c,
         &s,
         &run,
+        None,
         &format!(
             "cd {path} && sed -i 's/v1/v3/' scripts/run.sh && echo fresh > new.txt && rm old.txt \
              && mkdir __pycache__ && echo junk > __pycache__/x.pyc && echo ok"
@@ -138,7 +134,7 @@ async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base() {
         .unwrap();
     assert!(body.contains("notes v3"), "{body}");
     // The run still executes its pin.
-    let v = sh(&c, &s, &run, "sh /skills/*/1/scripts/run.sh").await;
+    let v = sh(&c, &s, &run, None, "sh /skills/*/1/scripts/run.sh").await;
     assert_eq!(v["stdout"], "notes v1\n");
 
     // A run draft's files are in the sandbox, not behind the draft file API.
@@ -198,6 +194,7 @@ async fn hostile_run_drafts_are_refused_and_lose_nothing() {
         &c,
         &s,
         &run,
+        None,
         &format!("ln -s {} {path}/leak.txt", secret.display()),
     )
     .await;
@@ -214,6 +211,7 @@ async fn hostile_run_drafts_are_refused_and_lose_nothing() {
         &c,
         &s,
         &run,
+        None,
         &format!("rm -rf {path2} && ln -s /etc {path2}"),
     )
     .await;
@@ -225,7 +223,7 @@ async fn hostile_run_drafts_are_refused_and_lose_nothing() {
     // The draft directory removed: not found.
     let (_, d) = create_draft(&c, &s, &run, json!({"skill": "notes"})).await;
     let (id3, path3) = (d["draft_id"].as_str().unwrap(), d["path"].as_str().unwrap());
-    sh(&c, &s, &run, &format!("rm -rf {path3}")).await;
+    sh(&c, &s, &run, None, &format!("rm -rf {path3}")).await;
     let (st, v) = publish_draft(&c, &s, id3).await;
     assert_eq!((st, error_code(&v)), (404, "not_found"), "{v}");
 
@@ -266,7 +264,7 @@ async fn ended_runs_release_their_sandbox() {
     let run = new_run(&c, &s, &["notes"]).await;
     let (_, d) = create_draft(&c, &s, &run, json!({"skill": "notes"})).await;
     let id = d["draft_id"].as_str().unwrap().to_string();
-    sh(&c, &s, &run, "echo kept > /workspace/file.txt").await;
+    sh(&c, &s, &run, None, "echo kept > /workspace/file.txt").await;
     assert!(workspace(&run).join("file.txt").exists());
     let r = c
         .delete(s.ws("acme", &format!("runs/{run}")))
@@ -297,8 +295,8 @@ async fn ended_runs_release_their_sandbox() {
         .unwrap()
         .to_string();
     let live = new_run(&c, &s, &["notes"]).await;
-    sh(&c, &s, &short, "echo x > /workspace/x").await;
-    sh(&c, &s, &live, "echo x > /workspace/x").await;
+    sh(&c, &s, &short, None, "echo x > /workspace/x").await;
+    sh(&c, &s, &live, None, "echo x > /workspace/x").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while workspace(&short).exists() {
         assert!(

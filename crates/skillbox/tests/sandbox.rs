@@ -9,17 +9,6 @@ fn start(dir: &std::path::Path) -> Server {
     Server::start(dir, &["--box", "bwrap"])
 }
 
-fn versioned(v: &str, extra: &[(&str, &[u8])]) -> Vec<u8> {
-    let md = skill_md("hello", &format!("hello {v}"));
-    let script = format!("#!/bin/sh\necho \"I am {v}\"\n");
-    let mut files: Vec<(&str, &[u8])> = vec![
-        ("SKILL.md", md.as_bytes()),
-        ("scripts/run.sh", script.as_bytes()),
-    ];
-    files.extend_from_slice(extra);
-    tar_of(&files)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_execute_their_pinned_revision() {
     let dir = tempfile::tempdir().unwrap();
@@ -32,7 +21,7 @@ async fn runs_execute_their_pinned_revision() {
         "acme",
         "hello",
         0,
-        versioned("v1", &[("old.txt", b"old")]),
+        versioned("hello", "v1", &[("old.txt", b"old")]),
     )
     .await;
     let run_a = new_run(&c, &s, &["hello"]).await;
@@ -54,7 +43,16 @@ async fn runs_execute_their_pinned_revision() {
     );
     assert_eq!(v["packages"][0]["revision"], 1);
 
-    publish(&c, &s, ADMIN, "acme", "hello", 1, versioned("v2", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        1,
+        versioned("hello", "v2", &[]),
+    )
+    .await;
     let (_, v) = exec(
         &c,
         &s,
@@ -109,7 +107,16 @@ async fn the_sandbox_holds() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path());
     let c = http();
-    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
     let secret = tar_of(&[
         (
             "SKILL.md",
@@ -243,7 +250,16 @@ async fn revocation_kills_running_executions() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path());
     let c = http();
-    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
     let run = new_run(&c, &s, &["hello"]).await;
     let started = std::time::Instant::now();
     let long = {
@@ -284,11 +300,29 @@ async fn concurrent_runs_execute_their_own_revisions() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path());
     let c = http();
-    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
     let mut runs = Vec::new();
     for i in 0..8 {
         if i == 1 {
-            publish(&c, &s, ADMIN, "acme", "hello", 1, versioned("v2", &[])).await;
+            publish(
+                &c,
+                &s,
+                ADMIN,
+                "acme",
+                "hello",
+                1,
+                versioned("hello", "v2", &[]),
+            )
+            .await;
         }
         let want = if i == 0 || i % 2 == 0 && i > 1 {
             "v1"
@@ -319,7 +353,7 @@ async fn concurrent_runs_execute_their_own_revisions() {
         let (c, url) = (c.clone(), s.ws("acme", "skills/hello/revisions"));
         tokio::spawn(async move {
             for base in 2..6 {
-                let body = versioned(&format!("v{}", base + 1), &[]);
+                let body = versioned("hello", &format!("v{}", base + 1), &[]);
                 let r = c
                     .post(format!("{url}?base_revision={base}"))
                     .bearer_auth(ADMIN)
@@ -368,7 +402,16 @@ async fn server_restart_between_executions_keeps_the_pin() {
     let port = free_port();
     let mut s = Server::start_on(dir.path(), port, &["--box", "bwrap"]);
     let c = http();
-    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
     let run = new_run(&c, &s, &["hello"]).await;
     let (_, v) = exec(
         &c,
@@ -378,7 +421,16 @@ async fn server_restart_between_executions_keeps_the_pin() {
     )
     .await;
     assert_eq!(v["stdout"], "I am v1\n");
-    publish(&c, &s, ADMIN, "acme", "hello", 1, versioned("v2", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        1,
+        versioned("hello", "v2", &[]),
+    )
+    .await;
     s.kill9();
     let s = Server::start_on(dir.path(), port, &["--box", "bwrap"]);
     // the tree of the pinned revision vanished while the server was down: rebuilt and verified
@@ -435,7 +487,7 @@ async fn copy_mode_never_executes_a_bad_transfer() {
         "acme",
         "hello",
         0,
-        versioned("v1", &[("data.bin", &[7u8; 4096])]),
+        versioned("hello", "v1", &[("data.bin", &[7u8; 4096])]),
     )
     .await;
     let failpoint = dir.path().join("box/prepared/FAILPOINT");
@@ -544,7 +596,16 @@ async fn streamed_exec_delivers_output_as_it_comes() {
     let dir = tempfile::tempdir().unwrap();
     let s = start(dir.path());
     let c = http();
-    publish(&c, &s, ADMIN, "acme", "hello", 0, versioned("v1", &[])).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
     let run = new_run(&c, &s, &["hello"]).await;
     let mut r = c
         .post(s.ws("acme", &format!("runs/{run}/exec?stream=true")))

@@ -292,3 +292,34 @@ with zipfile.ZipFile(f"{out}/skbdemo-{v}-py3-none-any.whl", "w") as z:
     }
     dir
 }
+
+/// A package of skill `name` whose `scripts/run.sh` prints "I am <v>", plus `extra` files.
+pub fn versioned(name: &str, v: &str, extra: &[(&str, &[u8])]) -> Vec<u8> {
+    let md = skill_md(name, &format!("{name} {v}"));
+    let script = format!("#!/bin/sh\necho \"I am {v}\"\n");
+    let mut files: Vec<(&str, &[u8])> = vec![
+        ("SKILL.md", md.as_bytes()),
+        ("scripts/run.sh", script.as_bytes()),
+    ];
+    files.extend_from_slice(extra);
+    tar_of(&files)
+}
+
+/// Runs a shell command in the run's sandbox (as `skill`'s execution if given); asserts 200.
+pub async fn sh(
+    c: &reqwest::Client,
+    s: &Server,
+    run: &str,
+    skill: Option<&str>,
+    cmd: &str,
+) -> Value {
+    let (st, v) = exec(
+        c,
+        s,
+        run,
+        serde_json::json!({"skill": skill, "command": cmd}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    v
+}
