@@ -378,6 +378,21 @@ async fn restart_adopts_matching_containers_and_removes_inconsistent_ones() {
         String::from_utf8_lossy(&out.stderr)
     );
     let forged = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // Another one, with an execution in progress: never destroyed while it runs.
+    let out = Command::new("docker")
+        .args(["run", "-d", "--network", "none", "--label"])
+        .arg(format!("skillbox.owner={}", owner.0))
+        .args(["--label", "skillbox.sandbox=busy"])
+        .arg(image())
+        .args(["sleep", "infinity"])
+        .output()
+        .unwrap();
+    let busy = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = Command::new("docker")
+        .args(["exec", "-d", &busy, "sleep", "30"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
 
     s.kill9();
     let s = Server::start_on(dir.path(), port, &args);
@@ -391,11 +406,16 @@ async fn restart_adopts_matching_containers_and_removes_inconsistent_ones() {
     .await;
     assert_eq!(v["stdout"], "I am v1\nkept\n");
     assert_eq!(
-        owner.containers(&[]),
+        owner.containers(&[format!("skillbox.sandbox={run}")]),
         before,
-        "the matching container was adopted, no new one made; the forged one removed"
+        "the matching container was adopted, no new one made"
     );
     assert!(!owner.containers(&[]).contains(&forged));
+    assert!(
+        owner.containers(&[]).contains(&busy),
+        "a container with an execution in progress was destroyed"
+    );
+    let _ = Command::new("docker").args(["rm", "-f", &busy]).output();
     finish(&c, &s, &run).await;
     owner.assert_clean();
 }
@@ -655,4 +675,23 @@ async fn docker_copy_mode_never_executes_a_bad_transfer() {
     );
     finish(&c, &s, &run).await;
     owner.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_streams_output_as_it_comes() {
+    let owner = Owner::new("stream");
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), &owner);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    assert_streamed_exec(&c, &s).await;
 }

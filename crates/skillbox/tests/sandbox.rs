@@ -606,41 +606,5 @@ async fn streamed_exec_delivers_output_as_it_comes() {
         versioned("hello", "v1", &[]),
     )
     .await;
-    let run = new_run(&c, &s, &["hello"]).await;
-    let mut r = c
-        .post(s.ws("acme", &format!("runs/{run}/exec?stream=true")))
-        .bearer_auth(ADMIN)
-        .json(&json!({"command": "echo one; sleep 1; echo two >&2; exit 3"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
-    let mut text = String::new();
-    let mut exit_with_first_line = None;
-    while let Some(chunk) = r.chunk().await.unwrap() {
-        text.push_str(&String::from_utf8_lossy(&chunk));
-        if exit_with_first_line.is_none() && text.contains('\n') {
-            exit_with_first_line = Some(text.contains("\"exit\""));
-        }
-    }
-    let lines: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines[0], json!({"type": "stdout", "data": "one\n"}));
-    assert_eq!(lines[1], json!({"type": "stderr", "data": "two\n"}));
-    let exit = lines.last().unwrap();
-    assert_eq!(
-        (exit["type"].as_str(), exit["exit_code"].as_i64()),
-        (Some("exit"), Some(3))
-    );
-    assert_eq!(exit["packages"][0]["revision"], 1);
-    // the first line arrived on its own, before the command (which sleeps 1 s) ended
-    assert_eq!(
-        exit_with_first_line,
-        Some(false),
-        "output was not streamed: {text}"
-    );
-    assert!(exit["duration_ms"].as_u64().unwrap() >= 1000);
+    assert_streamed_exec(&c, &s).await;
 }

@@ -323,3 +323,51 @@ pub async fn sh(
     assert_eq!(st, 200, "{v}");
     v
 }
+
+/// `?stream=true` on a run of `hello` (published): NDJSON stdout/stderr lines as the output
+/// arrives (the first line before the command ends), then the exit line.
+pub async fn assert_streamed_exec(c: &reqwest::Client, s: &Server) {
+    let run = new_run(&c, &s, &["hello"]).await;
+    let mut r = c
+        .post(s.ws("acme", &format!("runs/{run}/exec?stream=true")))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"command": "echo one; sleep 1; echo two >&2; exit 3"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let mut text = String::new();
+    let mut exit_with_first_line = None;
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if exit_with_first_line.is_none() && text.contains('\n') {
+            exit_with_first_line = Some(text.contains("\"exit\""));
+        }
+    }
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines[0],
+        serde_json::json!({"type": "stdout", "data": "one\n"})
+    );
+    assert_eq!(
+        lines[1],
+        serde_json::json!({"type": "stderr", "data": "two\n"})
+    );
+    let exit = lines.last().unwrap();
+    assert_eq!(
+        (exit["type"].as_str(), exit["exit_code"].as_i64()),
+        (Some("exit"), Some(3))
+    );
+    assert_eq!(exit["packages"][0]["revision"], 1);
+    // the first line arrived on its own, before the command (which sleeps 1 s) ended
+    assert_eq!(
+        exit_with_first_line,
+        Some(false),
+        "output was not streamed: {text}"
+    );
+    assert!(exit["duration_ms"].as_u64().unwrap() >= 1000);
+}
