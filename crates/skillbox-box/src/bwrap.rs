@@ -183,9 +183,12 @@ restriction); skillbox never falls back to running unsandboxed"
             a.push("/workspace".into());
         }
         for b in &sandbox.binds {
-            a.push(if b.writable { "--bind" } else { "--ro-bind" }.into());
-            a.push(b.source.clone().into_os_string());
-            a.push(b.target.clone().into());
+            // Only host paths exist here (`environment_volumes` is false for bwrap).
+            if let crate::BindSource::Host(source) = &b.source {
+                a.push(if b.writable { "--bind" } else { "--ro-bind" }.into());
+                a.push(source.clone().into_os_string());
+                a.push(b.target.clone().into());
+            }
         }
         let mut env = env.clone();
         env.entry("PATH".into())

@@ -22,7 +22,9 @@
 //! stop after pip, before `READY`, and write `<root>/FAILPOINT.reached` — so a test can kill
 //! the server in the middle of a build.
 
-use crate::{Backend, Bind, BoxError, ExecRequest, Mount, Outcome, Program, Sandbox, run_once};
+use crate::{
+    Backend, Bind, BindSource, BoxError, ExecRequest, Mount, Outcome, Program, Sandbox, run_once,
+};
 use skillbox_package::Sha256;
 use skillbox_package::staging::{remove_tree, unique_name};
 use std::collections::{BTreeMap, HashMap};
@@ -71,17 +73,25 @@ impl Default for DepsConfig {
 #[derive(Debug, Clone)]
 pub struct DepEnv {
     pub key: String,
-    /// The read-only tree on the host.
-    pub dir: PathBuf,
+    /// Where it is stored: a read-only tree on the host, or a backend volume.
+    pub source: BindSource,
     /// Where it is mounted in the sandbox.
     pub target: String,
 }
+
+/// The volume of an environment, on backends that store environments in volumes.
+fn volume_of(key: &str) -> String {
+    format!("skillbox-env-{key}")
+}
+
+/// Volume storage: the ready marker inside the environment, written last.
+const VOLUME_READY: &str = ".skillbox-ready";
 
 impl DepEnv {
     /// Mounts the environment read-only and puts it first on `PATH` (as `activate` would).
     pub fn activate(&self, sandbox: &mut Sandbox, env: &mut BTreeMap<String, String>) {
         sandbox.binds.push(Bind {
-            source: self.dir.clone(),
+            source: self.source.clone(),
             target: self.target.clone(),
             writable: false,
         });
@@ -103,6 +113,8 @@ pub struct DepEnvs {
     /// The interpreter as seen inside the sandbox, asked once.
     interpreter: tokio::sync::OnceCell<String>,
     builds: AtomicU64,
+    /// Volume storage: keys seen ready (environments never change once ready).
+    ready_volumes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl DepEnvs {
@@ -124,6 +136,7 @@ impl DepEnvs {
             flights: Default::default(),
             interpreter: Default::default(),
             builds: AtomicU64::new(0),
+            ready_volumes: Default::default(),
         })
     }
 
@@ -167,11 +180,15 @@ impl DepEnvs {
         )
         .to_hex();
         let env = DepEnv {
-            dir: self.root.join(&key),
+            source: if backend.environment_volumes() {
+                BindSource::Volume(volume_of(&key))
+            } else {
+                BindSource::Host(self.root.join(&key))
+            },
             target: format!("{MOUNT_ROOT}/{key}"),
             key,
         };
-        if self.is_ready(&env) {
+        if self.is_ready(backend, &env).await? {
             return Ok(Some(env));
         }
         let flight = {
@@ -179,7 +196,7 @@ impl DepEnvs {
             f.entry(env.key.clone()).or_default().clone()
         };
         let building = flight.lock().await;
-        let built = if self.is_ready(&env) {
+        let built = if self.is_ready(backend, &env).await? {
             Ok(())
         } else {
             self.build(backend, &env, &pkg.source.join(REQUIREMENTS))
@@ -190,8 +207,51 @@ impl DepEnvs {
         built.map(|()| Some(env))
     }
 
-    fn is_ready(&self, env: &DepEnv) -> bool {
-        std::fs::read_to_string(env.dir.join(READY)).is_ok_and(|k| k.trim() == env.key)
+    async fn is_ready(&self, backend: &dyn Backend, env: &DepEnv) -> Result<bool, BoxError> {
+        let volume = match &env.source {
+            BindSource::Host(dir) => {
+                return Ok(
+                    std::fs::read_to_string(dir.join(READY)).is_ok_and(|k| k.trim() == env.key)
+                );
+            }
+            BindSource::Volume(v) => v,
+        };
+        if self
+            .ready_volumes
+            .lock()
+            .is_ok_and(|r| r.contains(&env.key))
+        {
+            return Ok(true);
+        }
+        // Made if missing (with the owner's labels), so that looking never creates an
+        // unlabelled one.
+        backend.create_env_volume(volume).await?;
+        let sandbox = Sandbox {
+            id: format!("depenv-check-{}", env.key),
+            workspace_dir: None,
+            mounts: vec![],
+            binds: vec![Bind {
+                source: env.source.clone(),
+                target: env.target.clone(),
+                writable: false,
+            }],
+            environment_of: None,
+            network: false,
+        };
+        let r = run_once(
+            backend,
+            &sandbox,
+            box_command(
+                &format!("cat {}/{VOLUME_READY} 2>/dev/null", env.target),
+                BTreeMap::new(),
+            ),
+        )
+        .await?;
+        let ready = String::from_utf8_lossy(&r.stdout).trim() == env.key;
+        if ready && let Ok(mut set) = self.ready_volumes.lock() {
+            set.insert(env.key.clone());
+        }
+        Ok(ready)
     }
 
     async fn build(
@@ -200,15 +260,37 @@ impl DepEnvs {
         env: &DepEnv,
         requirements: &Path,
     ) -> Result<(), BoxError> {
-        if env.dir.exists() {
+        let dir = match &env.source {
+            BindSource::Host(dir) => dir,
+            BindSource::Volume(volume) => {
+                // Whatever an interrupted build left is discarded: a fresh volume.
+                backend.remove_env_volume(volume).await?;
+                backend.create_env_volume(volume).await?;
+                let result = self
+                    .run_build(backend, env, requirements, env.source.clone())
+                    .await;
+                if result.is_err() {
+                    let _ = backend.remove_env_volume(volume).await;
+                }
+                return result;
+            }
+        };
+        if dir.exists() {
             tracing::warn!(key = %env.key, "dependency environment without a valid READY; rebuilding it");
             let aside = self.root.join(unique_name(".stale-"));
-            std::fs::rename(&env.dir, &aside)?;
+            std::fs::rename(dir, &aside)?;
             remove_tree(&aside)?;
         }
         let staging = self.root.join(unique_name(BUILD_PREFIX));
         backend.prepare_writable_dir(&staging)?;
-        let result = self.run_build(backend, env, requirements, &staging).await;
+        let result = self
+            .run_build(
+                backend,
+                env,
+                requirements,
+                BindSource::Host(staging.clone()),
+            )
+            .await;
         if result.is_err() {
             remove_tree(&staging)?;
         }
@@ -220,18 +302,18 @@ impl DepEnvs {
         backend: &dyn Backend,
         env: &DepEnv,
         requirements: &Path,
-        staging: &Path,
+        staging: BindSource,
     ) -> Result<(), BoxError> {
         tracing::info!(key = %env.key, "building a dependency environment");
         let started = std::time::Instant::now();
         let mut binds = vec![
             Bind {
-                source: staging.to_path_buf(),
+                source: staging.clone(),
                 target: env.target.clone(),
                 writable: true,
             },
             Bind {
-                source: requirements.to_path_buf(),
+                source: BindSource::Host(requirements.to_path_buf()),
                 target: "/inputs/requirements.txt".into(),
                 writable: false,
             },
@@ -245,7 +327,7 @@ impl DepEnvs {
         let network = match &self.cfg.index {
             PackageIndex::FindLinks(dir) => {
                 binds.push(Bind {
-                    source: dir.clone(),
+                    source: BindSource::Host(dir.clone()),
                     target: "/index".into(),
                     writable: false,
                 });
@@ -296,11 +378,38 @@ python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
             let _ = std::fs::write(self.root.join("FAILPOINT.reached"), b"");
             std::future::pending::<()>().await;
         }
-        let (root, staging_dir, key) = (self.root.clone(), staging.to_path_buf(), env.key.clone());
-        let dest = env.dir.clone();
-        tokio::task::spawn_blocking(move || seal(&root, &staging_dir, &key, &dest))
-            .await
-            .map_err(|e| BoxError::Unavailable(format!("sealing task failed: {e}")))??;
+        match (&staging, &env.source) {
+            (BindSource::Host(staging_dir), BindSource::Host(dest)) => {
+                let (root, staging_dir, key) =
+                    (self.root.clone(), staging_dir.clone(), env.key.clone());
+                let dest = dest.clone();
+                tokio::task::spawn_blocking(move || seal(&root, &staging_dir, &key, &dest))
+                    .await
+                    .map_err(|e| BoxError::Unavailable(format!("sealing task failed: {e}")))??;
+            }
+            _ => {
+                // In the volume, by the sandbox user who built it: write bits stripped, synced,
+                // the ready marker written last. Sandboxes mount it read-only.
+                let script = format!(
+                    "set -e\nfind \"$E\" -mindepth 1 ! -type l -exec chmod a-w {{}} +\nsync -f \"$E\"\n\
+printf '%s\\n' \"$K\" > \"$E/{VOLUME_READY}.tmp\"\nmv \"$E/{VOLUME_READY}.tmp\" \"$E/{VOLUME_READY}\"\nsync -f \"$E\""
+                );
+                let vars = BTreeMap::from([
+                    ("E".to_string(), env.target.clone()),
+                    ("K".to_string(), env.key.clone()),
+                ]);
+                let r = run_once(backend, &sandbox, box_command(&script, vars)).await?;
+                if r.exit_code != Some(0) {
+                    return Err(BoxError::Dependencies(format!(
+                        "sealing the environment failed: {}",
+                        tail(&r.stderr, &r.stdout)
+                    )));
+                }
+                if let Ok(mut set) = self.ready_volumes.lock() {
+                    set.insert(env.key.clone());
+                }
+            }
+        }
         self.builds.fetch_add(1, Ordering::Relaxed);
         tracing::info!(key = %env.key, ms = started.elapsed().as_millis() as u64, "dependency environment ready");
         Ok(())
@@ -353,6 +462,19 @@ fn lock_down(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
+}
+
+/// A short box-internal shell command.
+fn box_command(script: &str, env: BTreeMap<String, String>) -> ExecRequest {
+    ExecRequest {
+        program: Program::Shell(script.into()),
+        cwd: "/tmp".into(),
+        env,
+        stdin: None,
+        timeout: Duration::from_secs(120),
+        output_cap: 64 * 1024,
+        live: None,
+    }
 }
 
 /// The interpreter inside the sandbox: version, platform and ABI tag.

@@ -127,7 +127,7 @@ fn signature(sandbox: &Sandbox, image_id: &str, bound_packages: bool) -> String 
             format!(
                 "bind {} {} {}",
                 b.target,
-                b.source.display(),
+                b.source,
                 if b.writable { "rw" } else { "ro" }
             )
         }))
@@ -364,12 +364,18 @@ impl Docker {
             .filter(|_| !self.cfg.copy_mode)
             .map(|m| self.bind(&m.source, &m.target, false))
             .collect();
-        mounts.extend(
-            sandbox
-                .binds
-                .iter()
-                .map(|b| self.bind(&b.source, &b.target, b.writable)),
-        );
+        for b in &sandbox.binds {
+            mounts.push(match &b.source {
+                crate::BindSource::Host(p) => self.bind(p, &b.target, b.writable),
+                crate::BindSource::Volume(v) => EngineMount {
+                    target: Some(b.target.clone()),
+                    source: Some(v.clone()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(!b.writable),
+                    ..Default::default()
+                },
+            });
+        }
         let mut labels = HashMap::from([
             (LABEL_OWNER.to_string(), self.cfg.owner.clone()),
             (LABEL_SANDBOX.to_string(), sandbox.id.clone()),
@@ -446,6 +452,29 @@ impl Docker {
         if let Err(e) = self.engine.start_container(&created.id, None).await {
             self.remove_container(&created.id).await;
             return Err(engine_error("starting a sandbox container", e));
+        }
+        // A fresh volume's root belongs to root; the sandbox user writes into the writable
+        // ones (environment builds). Root owns it, so it may chmod it without capabilities.
+        for b in sandbox.binds.iter().filter(|b| b.writable) {
+            if let crate::BindSource::Volume(_) = b.source {
+                let (code, _, err) = self
+                    .command(
+                        &created.id,
+                        "0:0",
+                        r#"chmod 0777 "$T""#,
+                        BTreeMap::from([("T".to_string(), b.target.clone())]),
+                        vec![],
+                    )
+                    .await?;
+                if code != Some(0) {
+                    self.remove_container(&created.id).await;
+                    return Err(BoxError::Unavailable(format!(
+                        "docker: cannot open {} to the sandbox user: {}",
+                        b.target,
+                        String::from_utf8_lossy(&err).trim()
+                    )));
+                }
+            }
         }
         Ok(created.id)
     }
@@ -1071,6 +1100,46 @@ impl Backend for Docker {
             }
         });
         Ok(())
+    }
+
+    fn environment_volumes(&self) -> bool {
+        true
+    }
+
+    fn create_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(self.create_volume(name, "environments"))
+    }
+
+    fn remove_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            // The one-shot containers that used it (a readiness check, a failed build) are
+            // removed in the background: an "in use" answer is waited out briefly.
+            let mut attempts = 0;
+            loop {
+                match self
+                    .engine
+                    .remove_volume(
+                        name,
+                        Some(bollard::query_parameters::RemoveVolumeOptions { force: true }),
+                    )
+                    .await
+                {
+                    Ok(()) => return Ok(()),
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code: 404,
+                        ..
+                    }) => return Ok(()),
+                    Err(bollard::errors::Error::DockerResponseServerError {
+                        status_code: 409,
+                        ..
+                    }) if attempts < 50 => {
+                        attempts += 1;
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                    Err(e) => return Err(engine_error("removing an environment volume", e)),
+                }
+            }
+        })
     }
 
     fn sandboxes(&self) -> Vec<String> {

@@ -37,11 +37,29 @@ pub struct Mount {
     pub manifest: Arc<skillbox_package::Manifest>,
 }
 
-/// A host path bound into a sandbox besides its packages: a dependency environment
-/// (read-only), or the inputs and output directory of an environment build.
+/// What a [`Bind`] mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindSource {
+    /// A host path.
+    Host(PathBuf),
+    /// A named volume of the backend (backends that have them: Docker).
+    Volume(String),
+}
+
+impl std::fmt::Display for BindSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BindSource::Host(p) => write!(f, "host:{}", p.display()),
+            BindSource::Volume(v) => write!(f, "volume:{v}"),
+        }
+    }
+}
+
+/// Something mounted into a sandbox besides its packages: a dependency environment
+/// (read-only), or the inputs and output of an environment build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bind {
-    pub source: PathBuf,
+    pub source: BindSource,
     pub target: String,
     pub writable: bool,
 }
@@ -193,6 +211,23 @@ pub trait Backend: Send + Sync {
     fn destroy(&self, id: &str, workspace_dir: Option<&std::path::Path>) -> Result<(), BoxError>;
     /// Sandboxes the backend holds state for (so ended runs' sandboxes can be found).
     fn sandboxes(&self) -> Vec<String>;
+    /// Whether dependency environments live in the backend's named volumes (else in host
+    /// directories under the box's storage).
+    fn environment_volumes(&self) -> bool {
+        false
+    }
+    /// Creates (or keeps) a named volume for a dependency environment.
+    fn create_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            Err(BoxError::Unavailable(format!(
+                "this backend has no volumes (asked for {name})"
+            )))
+        })
+    }
+    /// Removes a dependency environment's volume (an interrupted build's).
+    fn remove_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
+        self.create_env_volume(name)
+    }
 }
 
 /// Creates `dir` (if missing) for the sandbox user `uid` to write: owned by it, mode 0700.

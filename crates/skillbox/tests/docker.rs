@@ -566,8 +566,26 @@ async fn docker_dependency_environments_are_built_in_the_image() {
         "{:?}",
         owner.containers(&[])
     );
+    // Stored in a volume of the engine (a cache shared by runs, kept after them), not on the host.
+    let volumes = owner.volumes();
+    assert!(
+        volumes.iter().any(|v| v.starts_with("skillbox-env-")),
+        "{volumes:?}"
+    );
+    let host_envs: Vec<_> = std::fs::read_dir(dir.path().join("data/box/envs"))
+        .map(|rd| rd.flatten().collect())
+        .unwrap_or_default();
+    assert!(host_envs.is_empty(), "{host_envs:?}");
     finish(&c, &s, &run).await;
-    owner.assert_clean();
+    assert!(owner.containers(&[]).is_empty());
+    assert!(
+        owner
+            .volumes()
+            .iter()
+            .all(|v| v.starts_with("skillbox-env-")),
+        "{:?}",
+        owner.volumes()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
