@@ -327,7 +327,7 @@ pub async fn sh(
 /// `?stream=true` on a run of `hello` (published): NDJSON stdout/stderr lines as the output
 /// arrives (the first line before the command ends), then the exit line.
 pub async fn assert_streamed_exec(c: &reqwest::Client, s: &Server) {
-    let run = new_run(&c, &s, &["hello"]).await;
+    let run = new_run(c, s, &["hello"]).await;
     let mut r = c
         .post(s.ws("acme", &format!("runs/{run}/exec?stream=true")))
         .bearer_auth(ADMIN)
