@@ -316,6 +316,19 @@ impl Backend for Bwrap {
 
     fn release(&self, _lease: Lease) {}
 
+    fn discard<'a>(&'a self, target: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(store) = self.copies.clone() else {
+                return Ok(());
+            };
+            let target = target.to_string();
+            tokio::task::spawn_blocking(move || store.discard(&target))
+                .await
+                .map_err(|e| BoxError::Unavailable(format!("discard task failed: {e}")))??;
+            Ok(())
+        })
+    }
+
     fn destroy(&self, id: &str, workspace_dir: Option<&Path>) -> Result<(), BoxError> {
         if let Some(store) = &self.copies {
             store.release(id)?;

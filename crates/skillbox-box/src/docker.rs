@@ -1102,6 +1102,43 @@ impl Backend for Docker {
         Ok(())
     }
 
+    /// Copy mode: the package is removed from every container's packages volume (marker
+    /// first, so it is never seen ready half-removed).
+    fn discard<'a>(&'a self, target: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if !self.cfg.copy_mode {
+                return Ok(());
+            }
+            let ids: Vec<String> = self
+                .containers
+                .lock()
+                .map_err(poisoned)?
+                .keys()
+                .cloned()
+                .collect();
+            let env = BTreeMap::from([
+                ("T".to_string(), target.to_string()),
+                ("K".to_string(), marker_key(target)),
+                ("READY_DIR".to_string(), READY_DIR.to_string()),
+            ]);
+            for id in ids {
+                let r = self
+                    .command(
+                        &id,
+                        "0:0",
+                        r#"rm -f "$READY_DIR/$K"; [ -e "$T" ] || exit 0; chmod -R u+w "$T"; rm -rf "$T""#,
+                        env.clone(),
+                        vec![],
+                    )
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(container = %id, error = %e, "cannot discard a revoked package");
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn environment_volumes(&self) -> bool {
         true
     }

@@ -211,6 +211,12 @@ pub trait Backend: Send + Sync {
     fn destroy(&self, id: &str, workspace_dir: Option<&std::path::Path>) -> Result<(), BoxError>;
     /// Sandboxes the backend holds state for (so ended runs' sandboxes can be found).
     fn sandboxes(&self) -> Vec<String>;
+    /// Removes every prepared copy of the package at `target` (its revision was revoked).
+    /// Backends that bind the revision cache have none.
+    fn discard<'a>(&'a self, target: &'a str) -> BoxFuture<'a, ()> {
+        let _ = target;
+        Box::pin(async { Ok(()) })
+    }
     /// Whether dependency environments live in the backend's named volumes (else in host
     /// directories under the box's storage).
     fn environment_volumes(&self) -> bool {

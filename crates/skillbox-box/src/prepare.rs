@@ -57,6 +57,19 @@ impl PreparedStore {
         remove_tree(&self.root.join(sandbox))
     }
 
+    /// Removes the prepared copy of `target` from every sandbox (a revoked revision).
+    pub fn discard(&self, target: &str) -> std::io::Result<usize> {
+        let mut n = 0;
+        for sandbox in self.sandboxes()? {
+            let place = self.root.join(&sandbox).join(key_of(target));
+            if place.exists() {
+                remove_tree(&place)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     /// The sandboxes that have prepared packages.
     pub fn sandboxes(&self) -> std::io::Result<Vec<String>> {
         Ok(std::fs::read_dir(&self.root)?

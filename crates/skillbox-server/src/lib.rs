@@ -158,7 +158,8 @@ pub fn spawn_upkeep(state: SharedState, sweep: Duration, gc_every: Option<Durati
     }
 }
 
-/// Kills executions that mount a revision as soon as it is revoked.
+/// Kills executions that mount a revision as soon as it is revoked, and removes its prepared
+/// copies.
 pub fn spawn_revocation_killer(state: SharedState) {
     let Some(sandbox) = state.sandbox.clone() else {
         return;
@@ -172,6 +173,9 @@ pub fn spawn_revocation_killer(state: SharedState) {
                     let killed = sandbox.executions.kill_mounting(&target);
                     if killed > 0 {
                         tracing::warn!(%target, killed, "killed executions of a revoked revision");
+                    }
+                    if let Err(e) = sandbox.backend.discard(&target).await {
+                        tracing::warn!(%target, error = %e, "cannot remove prepared copies of a revoked revision");
                     }
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {

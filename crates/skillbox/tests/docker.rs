@@ -691,6 +691,36 @@ async fn docker_copy_mode_never_executes_a_bad_transfer() {
         container,
         "adopted, not replaced"
     );
+    // Revocation removes the prepared copy from the container's volume.
+    let r = c
+        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"reason": "bad"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let out = Command::new("docker")
+            .args([
+                "exec",
+                &container[0],
+                "sh",
+                "-c",
+                "ls -d /skills/*/1 2>/dev/null | wc -l",
+            ])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&out.stdout).trim() == "0" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked revision's copy was not removed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     finish(&c, &s, &run).await;
     owner.assert_clean();
 }

@@ -588,6 +588,33 @@ async fn copy_mode_never_executes_a_bad_transfer() {
     )
     .await;
     assert_eq!(v["stdout"], "I am v1\n");
+
+    // Revocation removes the prepared copies.
+    let prepared = dir.path().join(format!("box/prepared/{run}"));
+    let copies = || {
+        std::fs::read_dir(&prepared)
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .count()
+    };
+    assert_eq!(copies(), 1);
+    let r = c
+        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"reason": "bad"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while copies() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked revision's copy was not removed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// `?stream=true`: NDJSON lines as output arrives, then the exit line.
