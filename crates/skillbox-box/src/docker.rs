@@ -1072,6 +1072,7 @@ impl Backend for Docker {
             ids
         };
         self.known.lock().map_err(poisoned)?.remove(id);
+        self.creating.blocking_lock().remove(id);
         let engine = self.engine.clone();
         let volume = volume_name(id);
         let packages = packages_volume(id);

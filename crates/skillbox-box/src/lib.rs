@@ -208,6 +208,7 @@ pub trait Backend: Send + Sync {
     fn release(&self, lease: Lease);
     /// Removes everything of sandbox `id` — prepared packages, and its workspace — because
     /// its run ended. The runtime never calls it while an execution is in progress there.
+    /// Called on a blocking thread (it may wait for the backend).
     fn destroy(&self, id: &str, workspace_dir: Option<&std::path::Path>) -> Result<(), BoxError>;
     /// Sandboxes the backend holds state for (so ended runs' sandboxes can be found).
     fn sandboxes(&self) -> Vec<String>;
