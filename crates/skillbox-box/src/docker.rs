@@ -85,6 +85,9 @@ impl DockerConfig {
 struct Container {
     sandbox: String,
     signature: String,
+    /// The run's packages when it was made, (target, digest) sorted: a run's pins only grow,
+    /// so a container with another set is an older one.
+    packages: Vec<(String, String)>,
     /// Executions and other uses holding it.
     leases: usize,
     /// Superseded by a container with another mount set: removed once unleased.
@@ -275,12 +278,10 @@ impl Docker {
     async fn recover(&self) -> Result<(), BoxError> {
         for (id, labels, image_id) in self.owned().await? {
             let sandbox = labels.get(LABEL_SANDBOX).cloned().unwrap_or_default();
-            let consistent = labels
+            let packages = labels
                 .get(LABEL_PACKAGES)
-                .and_then(|p| serde_json::from_str::<Vec<(String, String)>>(p).ok())
-                .is_some()
-                && !sandbox.is_empty()
-                && image_id == self.image_id;
+                .and_then(|p| serde_json::from_str::<Vec<(String, String)>>(p).ok());
+            let consistent = packages.is_some() && !sandbox.is_empty() && image_id == self.image_id;
             let running = self.is_running(&id).await;
             if consistent && running {
                 let signature = labels.get(LABEL_SIGNATURE).cloned().unwrap_or_default();
@@ -306,6 +307,7 @@ impl Docker {
                     Container {
                         sandbox,
                         signature,
+                        packages: sorted(packages.unwrap_or_default()),
                         leases: 0,
                         retired: false,
                     },
@@ -385,11 +387,7 @@ impl Docker {
                 format!("pid-{}", std::process::id()),
             ),
         ]);
-        let packages: Vec<(String, String)> = sandbox
-            .mounts
-            .iter()
-            .map(|m| (m.target.clone(), m.digest.to_string()))
-            .collect();
+        let packages = package_list(sandbox);
         labels.insert(
             LABEL_PACKAGES.to_string(),
             serde_json::to_string(&packages).unwrap_or_default(),
@@ -915,6 +913,7 @@ impl Backend for Docker {
     fn acquire<'a>(&'a self, sandbox: &'a Sandbox) -> BoxFuture<'a, Lease> {
         Box::pin(async move {
             let signature = signature(sandbox, &self.image_id, !self.cfg.copy_mode);
+            let wanted = package_list(sandbox);
             let gate = {
                 let mut g = self.creating.lock().await;
                 g.entry(sandbox.id.clone()).or_default().clone()
@@ -930,7 +929,11 @@ impl Backend for Docker {
                     if e.signature == signature && !e.retired && chosen.is_none() {
                         e.leases += 1;
                         chosen = Some(id.clone());
-                    } else if e.signature != signature {
+                    } else if !self.cfg.copy_mode && e.packages != wanted {
+                        // Superseded: the run has activated more since. A sibling with the
+                        // same packages but another environment mounted is kept for the
+                        // executions that need it. (Copy mode prepares new packages into
+                        // the same container instead.)
                         e.retired = true;
                     }
                 }
@@ -960,6 +963,7 @@ impl Backend for Docker {
                         Container {
                             sandbox: sandbox.id.clone(),
                             signature,
+                            packages: wanted,
                             leases: 1,
                             retired: false,
                         },
@@ -1186,6 +1190,22 @@ impl Backend for Docker {
             .map(|k| k.iter().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// The sandbox's packages as (target, digest), sorted.
+fn package_list(sandbox: &Sandbox) -> Vec<(String, String)> {
+    sorted(
+        sandbox
+            .mounts
+            .iter()
+            .map(|m| (m.target.clone(), m.digest.to_string()))
+            .collect(),
+    )
+}
+
+fn sorted(mut v: Vec<(String, String)>) -> Vec<(String, String)> {
+    v.sort();
+    v
 }
 
 fn marker_key(target: &str) -> String {

@@ -538,7 +538,17 @@ async fn docker_dependency_environments_are_built_in_the_image() {
         ("scripts/ver.py", script.as_bytes()),
     ]);
     publish(&c, &s, ADMIN, "acme", "py", 0, pkg).await;
-    let run = new_run(&c, &s, &["py"]).await;
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "plain",
+        0,
+        versioned("plain", "p1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &s, &["py", "plain"]).await;
     for _ in 0..2 {
         let (st, v) = exec(
             &c,
@@ -559,10 +569,21 @@ async fn docker_dependency_environments_are_built_in_the_image() {
     )
     .await;
     assert_eq!(v["stdout"], "read-only\n");
-    // The build's one-shot containers are gone; only the run's remains.
+    // Executions with and without the environment alternate between two containers of the
+    // same packages (one mounts the environment): neither retires the other.
+    sh(&c, &s, &run, Some("plain"), "true").await;
+    let mut two = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    for skill in ["py", "plain", "py", "plain"] {
+        sh(&c, &s, &run, Some(skill), "true").await;
+    }
+    let mut now = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    now.sort();
+    two.sort();
+    assert_eq!((now.len(), now), (2, two), "containers churned");
+    // The build's one-shot containers are gone.
     assert_eq!(
         owner.containers(&[]).len(),
-        1,
+        2,
         "{:?}",
         owner.containers(&[])
     );
