@@ -929,11 +929,12 @@ impl Backend for Docker {
                     if e.signature == signature && !e.retired && chosen.is_none() {
                         e.leases += 1;
                         chosen = Some(id.clone());
-                    } else if !self.cfg.copy_mode && e.packages != wanted {
-                        // Superseded: the run has activated more since. A sibling with the
-                        // same packages but another environment mounted is kept for the
-                        // executions that need it. (Copy mode prepares new packages into
-                        // the same container instead.)
+                    } else if !self.cfg.copy_mode && superseded(&e.packages, &wanted) {
+                        // The run has activated more since. A sibling with the same packages
+                        // but another environment mounted is kept for the executions that
+                        // need it, and so is one with more packages than asked for (a
+                        // workspace transfer mounts none). Copy mode prepares new packages
+                        // into the same container instead.
                         e.retired = true;
                     }
                 }
@@ -1201,6 +1202,12 @@ fn package_list(sandbox: &Sandbox) -> Vec<(String, String)> {
             .map(|m| (m.target.clone(), m.digest.to_string()))
             .collect(),
     )
+}
+
+/// Whether a container made for `old` is outdated by a run now needing `new`: its packages
+/// are a strict subset (a run's pins only grow).
+fn superseded(old: &[(String, String)], new: &[(String, String)]) -> bool {
+    old.len() < new.len() && old.iter().all(|p| new.contains(p))
 }
 
 fn sorted(mut v: Vec<(String, String)>) -> Vec<(String, String)> {

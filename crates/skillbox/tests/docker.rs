@@ -764,3 +764,69 @@ async fn docker_streams_output_as_it_comes() {
     .await;
     assert_streamed_exec(&c, &s).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_run_drafts_live_in_the_workspace_volume() {
+    let owner = Owner::new("drafts");
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path(), &owner);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    sh(&c, &s, &run, Some("hello"), "true").await;
+    let main = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    let r = c
+        .post(s.ws("acme", &format!("runs/{run}/drafts")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"skill": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let d: Value = r.json().await.unwrap();
+    let (id, path) = (d["draft_id"].as_str().unwrap(), d["path"].as_str().unwrap());
+    sh(
+        &c,
+        &s,
+        &run,
+        Some("hello"),
+        &format!("sed -i 's/v1/v2/' {path}/scripts/run.sh"),
+    )
+    .await;
+    let r = c
+        .post(s.ws("acme", &format!("drafts/{id}/publish")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let body = c
+        .get(s.ws("acme", "skills/hello/revisions/2/files/scripts/run.sh"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("I am v2"), "{body}");
+    // Moving files in and out of the workspace did not retire the run's container.
+    let v = sh(&c, &s, &run, Some("hello"), "./scripts/run.sh").await;
+    assert_eq!(v["stdout"], "I am v1\n");
+    assert!(
+        owner
+            .containers(&[format!("skillbox.sandbox={run}")])
+            .contains(&main[0])
+    );
+    finish(&c, &s, &run).await;
+    owner.assert_clean();
+}
