@@ -8,8 +8,8 @@
 
 use crate::prepare::PreparedStore;
 use crate::{
-    Backend, BoxError, BoxFuture, Capabilities, ExecFuture, ExecRequest, ExecResult, Lease, Mount,
-    Outcome, OutputSink, Program, Sandbox, StreamKind,
+    Backend, BoxError, BoxFuture, Capabilities, Capped, ExecFuture, ExecRequest, ExecResult, Lease,
+    Mount, Outcome, Sandbox, StreamKind,
 };
 use skillbox_package::Digest;
 use std::collections::BTreeMap;
@@ -83,16 +83,10 @@ impl Bwrap {
 
     /// Runs `/bin/true` in a minimal sandbox: Ok with what works, or why not and what to do.
     pub fn probe(&self) -> Result<String, BoxError> {
-        let sandbox = Sandbox {
-            id: "probe".into(),
-            workspace_dir: None,
-            mounts: vec![],
-            binds: vec![],
-            environment_of: None,
-            network: false,
-        };
+        let sandbox = Sandbox::internal("probe", vec![]);
         let mut args = self.wrapper_args();
-        args.extend(self.bwrap_args(&sandbox, "/", &Default::default()));
+        let env = ExecRequest::shell("", Default::default()).environment(false);
+        args.extend(self.bwrap_args(&sandbox, "/", &env));
         args.push("/bin/true".into());
         let out = std::process::Command::new("prlimit")
             .args(&args)
@@ -190,19 +184,7 @@ restriction); skillbox never falls back to running unsandboxed"
                 a.push(b.target.clone().into());
             }
         }
-        let mut env = env.clone();
-        env.entry("PATH".into())
-            .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
-        env.entry("HOME".into()).or_insert_with(|| {
-            if sandbox.workspace_dir.is_some() {
-                "/workspace".into()
-            } else {
-                "/tmp".into()
-            }
-        });
-        env.entry("TMPDIR".into()).or_insert_with(|| "/tmp".into());
-        env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
-        for (k, v) in &env {
+        for (k, v) in env {
             a.push("--setenv".into());
             a.push(k.into());
             a.push(v.into());
@@ -214,31 +196,16 @@ restriction); skillbox never falls back to running unsandboxed"
     }
 }
 
-/// Reads a stream to its end, keeping at most `cap` bytes, and forwarding what it keeps to
-/// `live` as it arrives (streamed executions).
-async fn read_capped(
-    mut r: impl AsyncRead + Unpin,
-    cap: usize,
-    live: Option<(OutputSink, StreamKind)>,
-) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
+/// Reads a stream to its end through a [`Capped`] keeper.
+async fn read_capped(mut r: impl AsyncRead + Unpin, mut keep: Capped) -> (Vec<u8>, bool) {
     let mut buf = vec![0u8; 64 * 1024];
-    let mut truncated = false;
     loop {
         match r.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = cap.saturating_sub(kept.len());
-                let take = n.min(room);
-                if let (Some((sink, kind)), true) = (&live, take > 0) {
-                    let _ = sink.send((*kind, buf[..take].to_vec()));
-                }
-                kept.extend_from_slice(&buf[..take]);
-                truncated |= n > room;
-            }
+            Ok(n) => keep.push(&buf[..n]),
         }
     }
-    (kept, truncated)
+    (keep.kept, keep.truncated)
 }
 
 impl Backend for Bwrap {
@@ -354,21 +321,10 @@ impl Backend for Bwrap {
     ) -> ExecFuture<'a> {
         let sandbox = &lease.sandbox;
         Box::pin(async move {
-            if !req.cwd.starts_with('/') {
-                return Err(BoxError::BadRequest(format!(
-                    "cwd must be an absolute path inside the sandbox, not {:?}",
-                    req.cwd
-                )));
-            }
-            let program: Vec<String> = match &req.program {
-                Program::Argv(v) if v.is_empty() => {
-                    return Err(BoxError::BadRequest("argv is empty".into()));
-                }
-                Program::Argv(v) => v.clone(),
-                Program::Shell(c) => vec!["/bin/sh".into(), "-c".into(), c.clone()],
-            };
+            let program = req.command_line()?;
+            let env = req.environment(sandbox.workspace_dir.is_some());
             let mut args = self.wrapper_args();
-            args.extend(self.bwrap_args(sandbox, &req.cwd, &req.env));
+            args.extend(self.bwrap_args(sandbox, &req.cwd, &env));
             args.extend(program.into_iter().map(OsString::from));
             let start = Instant::now();
             let mut child = tokio::process::Command::new("prlimit")
@@ -387,22 +343,19 @@ impl Backend for Bwrap {
                     let _ = sin.write_all(&data).await;
                 });
             }
-            let live = |kind| req.live.clone().map(|sink| (sink, kind));
             let out = tokio::spawn(read_capped(
                 child
                     .stdout
                     .take()
                     .ok_or_else(|| BoxError::BadRequest("no stdout".into()))?,
-                req.output_cap,
-                live(StreamKind::Stdout),
+                Capped::new(req.output_cap, req.live.clone(), StreamKind::Stdout),
             ));
             let err = tokio::spawn(read_capped(
                 child
                     .stderr
                     .take()
                     .ok_or_else(|| BoxError::BadRequest("no stderr".into()))?,
-                req.output_cap,
-                live(StreamKind::Stderr),
+                Capped::new(req.output_cap, req.live.clone(), StreamKind::Stderr),
             ));
             // Killing bwrap kills the sandbox: its init dies (--die-with-parent), and with it
             // every process of the pid namespace.

@@ -22,9 +22,7 @@
 //! stop after pip, before `READY`, and write `<root>/FAILPOINT.reached` — so a test can kill
 //! the server in the middle of a build.
 
-use crate::{
-    Backend, Bind, BindSource, BoxError, ExecRequest, Mount, Outcome, Program, Sandbox, run_once,
-};
+use crate::{Backend, Bind, BindSource, BoxError, ExecRequest, Mount, Outcome, Sandbox, run_once};
 use skillbox_package::Sha256;
 use skillbox_package::staging::{remove_tree, unique_name};
 use std::collections::{BTreeMap, HashMap};
@@ -98,7 +96,7 @@ impl DepEnv {
         let path = env
             .get("PATH")
             .cloned()
-            .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+            .unwrap_or_else(|| crate::DEFAULT_PATH.into());
         env.insert("PATH".into(), format!("{}/bin:{path}", self.target));
         env.insert("VIRTUAL_ENV".into(), self.target.clone());
     }
@@ -226,22 +224,18 @@ impl DepEnvs {
         // Made if missing (with the owner's labels), so that looking never creates an
         // unlabelled one.
         backend.create_env_volume(volume).await?;
-        let sandbox = Sandbox {
-            id: format!("depenv-check-{}", env.key),
-            workspace_dir: None,
-            mounts: vec![],
-            binds: vec![Bind {
+        let sandbox = Sandbox::internal(
+            format!("depenv-check-{}", env.key),
+            vec![Bind {
                 source: env.source.clone(),
                 target: env.target.clone(),
                 writable: false,
             }],
-            environment_of: None,
-            network: false,
-        };
+        );
         let r = run_once(
             backend,
             &sandbox,
-            box_command(
+            ExecRequest::shell(
                 &format!("cat {}/{VOLUME_READY} 2>/dev/null", env.target),
                 BTreeMap::new(),
             ),
@@ -342,25 +336,16 @@ impl DepEnvs {
             PackageIndex::None => false,
         };
         let sandbox = Sandbox {
-            id: format!("depenv-{}", env.key),
-            workspace_dir: None,
-            mounts: vec![],
-            binds,
-            environment_of: None,
             network,
+            ..Sandbox::internal(format!("depenv-{}", env.key), binds)
         };
         // A venv without pip (smaller, faster); the system's pip installs into it.
         let script = r#"set -e
 python3 -m venv --without-pip "$E"
 python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
         let req = ExecRequest {
-            program: Program::Shell(script.into()),
-            cwd: "/tmp".into(),
-            env: vars,
-            stdin: None,
             timeout: self.cfg.build_timeout,
-            output_cap: 64 * 1024,
-            live: None,
+            ..ExecRequest::shell(script, vars)
         };
         let r = run_once(backend, &sandbox, req).await?;
         if r.outcome != Outcome::Exited || r.exit_code != Some(0) {
@@ -398,7 +383,7 @@ printf '%s\\n' \"$K\" > \"$E/{VOLUME_READY}.tmp\"\nmv \"$E/{VOLUME_READY}.tmp\" 
                     ("E".to_string(), env.target.clone()),
                     ("K".to_string(), env.key.clone()),
                 ]);
-                let r = run_once(backend, &sandbox, box_command(&script, vars)).await?;
+                let r = run_once(backend, &sandbox, ExecRequest::shell(&script, vars)).await?;
                 if r.exit_code != Some(0) {
                     return Err(BoxError::Dependencies(format!(
                         "sealing the environment failed: {}",
@@ -416,11 +401,7 @@ printf '%s\\n' \"$K\" > \"$E/{VOLUME_READY}.tmp\"\nmv \"$E/{VOLUME_READY}.tmp\" 
     }
 
     fn take_failpoint(&self) -> bool {
-        let f = self.root.join("FAILPOINT");
-        match std::fs::read_to_string(&f) {
-            Ok(s) if s.trim() == "hang" => std::fs::remove_file(&f).is_ok(),
-            _ => false,
-        }
+        crate::take_failpoint(&self.root.join("FAILPOINT")).as_deref() == Some("hang")
     }
 }
 
@@ -464,41 +445,15 @@ fn lock_down(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// A short box-internal shell command.
-fn box_command(script: &str, env: BTreeMap<String, String>) -> ExecRequest {
-    ExecRequest {
-        program: Program::Shell(script.into()),
-        cwd: "/tmp".into(),
-        env,
-        stdin: None,
-        timeout: Duration::from_secs(120),
-        output_cap: 64 * 1024,
-        live: None,
-    }
-}
-
 /// The interpreter inside the sandbox: version, platform and ABI tag.
 async fn ask_interpreter(backend: &dyn Backend) -> Result<String, BoxError> {
-    let sandbox = Sandbox {
-        id: "depenv-probe".into(),
-        workspace_dir: None,
-        mounts: vec![],
-        binds: vec![],
-        environment_of: None,
-        network: false,
-    };
+    let sandbox = Sandbox::internal("depenv-probe", vec![]);
     let req = ExecRequest {
-        program: Program::Argv(vec![
-            "python3".into(),
-            "-c".into(),
-            "import sys, sysconfig; print(sys.version.split()[0], sysconfig.get_platform(), sys.implementation.cache_tag)".into(),
-        ]),
-        cwd: "/tmp".into(),
-        env: BTreeMap::new(),
-        stdin: None,
         timeout: Duration::from_secs(30),
-        output_cap: 4096,
-        live: None,
+        ..ExecRequest::shell(
+            "python3 -c 'import sys, sysconfig; print(sys.version.split()[0], sysconfig.get_platform(), sys.implementation.cache_tag)'",
+            BTreeMap::new(),
+        )
     };
     let r = run_once(backend, &sandbox, req).await?;
     let out = String::from_utf8_lossy(&r.stdout).trim().to_string();

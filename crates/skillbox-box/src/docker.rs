@@ -24,8 +24,8 @@
 //! therefore run on the engine's host with the right to signal its processes (root).
 
 use crate::{
-    Backend, BoxError, BoxFuture, Capabilities, ExecFuture, ExecRequest, ExecResult, Lease, Mount,
-    Outcome, OutputSink, Program, Sandbox, StreamKind,
+    Backend, BoxError, BoxFuture, Capabilities, Capped, ExecFuture, ExecRequest, ExecResult, Lease,
+    Mount, Outcome, Sandbox, StreamKind,
 };
 use bollard::Docker as Engine;
 use bollard::exec::{CreateExecOptions, StartExecResults};
@@ -344,19 +344,7 @@ impl Docker {
     }
 
     async fn remove_container(&self, id: &str) {
-        let r = self
-            .engine
-            .remove_container(
-                id,
-                Some(bollard::query_parameters::RemoveContainerOptions {
-                    force: true,
-                    ..Default::default()
-                }),
-            )
-            .await;
-        if let Err(e) = r {
-            tracing::warn!(container = %id, error = %e, "cannot remove a sandbox container");
-        }
+        remove_container(&self.engine, id).await
     }
 
     async fn create(&self, sandbox: &Sandbox, signature: &str) -> Result<String, BoxError> {
@@ -521,13 +509,11 @@ impl Docker {
         stdin: Vec<u8>,
     ) -> Result<(Option<i32>, Vec<u8>, Vec<u8>), BoxError> {
         let req = ExecRequest {
-            program: Program::Shell(script.into()),
             cwd: "/".into(),
-            env,
             stdin: Some(stdin),
             timeout: std::time::Duration::from_secs(300),
             output_cap: 1 << 20,
-            live: None,
+            ..ExecRequest::shell(script, env)
         };
         let (_never, kill) = tokio::sync::oneshot::channel();
         let r = self.run_exec_as(container, user, false, req, kill).await?;
@@ -535,10 +521,7 @@ impl Docker {
     }
 
     fn take_failpoint(&self) -> Option<String> {
-        let f = self.cfg.failpoint.as_ref()?;
-        let name = std::fs::read_to_string(f).ok()?;
-        std::fs::remove_file(f).ok()?;
-        Some(name.trim().to_string())
+        crate::take_failpoint(self.cfg.failpoint.as_ref()?)
     }
 
     /// Copy mode: uploads the package as a tar into a fresh staging directory on the
@@ -725,31 +708,8 @@ impl Docker {
         req: ExecRequest,
         kill: tokio::sync::oneshot::Receiver<()>,
     ) -> Result<ExecResult, BoxError> {
-        if !req.cwd.starts_with('/') {
-            return Err(BoxError::BadRequest(format!(
-                "cwd must be an absolute path inside the sandbox, not {:?}",
-                req.cwd
-            )));
-        }
-        let cmd: Vec<String> = match &req.program {
-            Program::Argv(v) if v.is_empty() => {
-                return Err(BoxError::BadRequest("argv is empty".into()));
-            }
-            Program::Argv(v) => v.clone(),
-            Program::Shell(c) => vec!["/bin/sh".into(), "-c".into(), c.clone()],
-        };
-        let mut env = req.env.clone();
-        env.entry("PATH".into())
-            .or_insert_with(|| "/usr/local/bin:/usr/bin:/bin".into());
-        env.entry("HOME".into()).or_insert_with(|| {
-            if workspace {
-                "/workspace".into()
-            } else {
-                "/tmp".into()
-            }
-        });
-        env.entry("TMPDIR".into()).or_insert_with(|| "/tmp".into());
-        env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+        let cmd = req.command_line()?;
+        let env = req.environment(workspace);
         let start = Instant::now();
         let exec = self
             .engine
@@ -855,41 +815,40 @@ impl Docker {
     }
 }
 
+/// Force-removes a container (running or not); a failure is logged.
+async fn remove_container(engine: &Engine, id: &str) {
+    let r = engine
+        .remove_container(
+            id,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(container = %id, error = %e, "cannot remove a sandbox container");
+    }
+}
+
+/// Removes a volume; one that is already gone is not an error.
+async fn remove_volume(engine: &Engine, name: &str) -> Result<(), bollard::errors::Error> {
+    match engine
+        .remove_volume(
+            name,
+            Some(bollard::query_parameters::RemoveVolumeOptions { force: true }),
+        )
+        .await
+    {
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => Ok(()),
+        other => other,
+    }
+}
+
 fn poisoned<T>(_: T) -> BoxError {
     BoxError::Unavailable("docker backend state is poisoned".into())
-}
-
-/// One output stream: keeps `cap` bytes, forwards what it keeps to the live sink.
-struct Capped {
-    kept: Vec<u8>,
-    truncated: bool,
-    cap: usize,
-    live: Option<OutputSink>,
-    kind: StreamKind,
-}
-
-impl Capped {
-    fn new(cap: usize, live: Option<OutputSink>, kind: StreamKind) -> Self {
-        Capped {
-            kept: Vec::new(),
-            truncated: false,
-            cap,
-            live,
-            kind,
-        }
-    }
-
-    fn push(&mut self, data: &[u8]) {
-        let room = self.cap.saturating_sub(self.kept.len());
-        let take = data.len().min(room);
-        if take > 0
-            && let Some(sink) = &self.live
-        {
-            let _ = sink.send((self.kind, data[..take].to_vec()));
-        }
-        self.kept.extend_from_slice(&data[..take]);
-        self.truncated |= data.len() > room;
-    }
 }
 
 impl Backend for Docker {
@@ -1046,17 +1005,7 @@ impl Backend for Docker {
             c.remove(&lease.handle);
             let engine = self.engine.clone();
             let id = lease.handle.clone();
-            tokio::spawn(async move {
-                let _ = engine
-                    .remove_container(
-                        &id,
-                        Some(bollard::query_parameters::RemoveContainerOptions {
-                            force: true,
-                            ..Default::default()
-                        }),
-                    )
-                    .await;
-            });
+            tokio::spawn(async move { remove_container(&engine, &id).await });
         }
     }
 
@@ -1086,23 +1035,12 @@ impl Backend for Docker {
             .map_err(|e| BoxError::Unavailable(format!("no runtime: {e}")))?;
         handle.block_on(async move {
             for c in ids {
-                let _ = engine
-                    .remove_container(
-                        &c,
-                        Some(bollard::query_parameters::RemoveContainerOptions {
-                            force: true,
-                            ..Default::default()
-                        }),
-                    )
-                    .await;
+                remove_container(&engine, &c).await;
             }
             for v in [volume, packages] {
-                let _ = engine
-                    .remove_volume(
-                        &v,
-                        Some(bollard::query_parameters::RemoveVolumeOptions { force: true }),
-                    )
-                    .await;
+                if let Err(e) = remove_volume(&engine, &v).await {
+                    tracing::warn!(volume = %v, error = %e, "cannot remove a sandbox volume");
+                }
             }
         });
         Ok(())
@@ -1159,19 +1097,8 @@ impl Backend for Docker {
             // removed in the background: an "in use" answer is waited out briefly.
             let mut attempts = 0;
             loop {
-                match self
-                    .engine
-                    .remove_volume(
-                        name,
-                        Some(bollard::query_parameters::RemoveVolumeOptions { force: true }),
-                    )
-                    .await
-                {
+                match remove_volume(&self.engine, name).await {
                     Ok(()) => return Ok(()),
-                    Err(bollard::errors::Error::DockerResponseServerError {
-                        status_code: 404,
-                        ..
-                    }) => return Ok(()),
                     Err(bollard::errors::Error::DockerResponseServerError {
                         status_code: 409,
                         ..

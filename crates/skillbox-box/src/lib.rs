@@ -82,6 +82,21 @@ pub struct Sandbox {
     pub network: bool,
 }
 
+impl Sandbox {
+    /// A sandbox for the box's own work (probes, environment builds): no workspace, no
+    /// packages, no network — only `binds`.
+    pub fn internal(id: impl Into<String>, binds: Vec<Bind>) -> Self {
+        Sandbox {
+            id: id.into(),
+            workspace_dir: None,
+            mounts: vec![],
+            binds,
+            environment_of: None,
+            network: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Program {
     Argv(Vec<String>),
@@ -100,6 +115,86 @@ pub struct ExecRequest {
     pub output_cap: usize,
     /// Streamed execution: kept output is also sent here as it arrives.
     pub live: Option<OutputSink>,
+}
+
+/// `PATH` inside a sandbox unless the request sets one.
+pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+impl ExecRequest {
+    /// A box-internal shell command (probes, environment builds, workspace transfers): run in
+    /// `/tmp`, 120 s, 64 KiB of each stream kept, no stdin. Callers adjust what differs.
+    pub fn shell(script: &str, env: BTreeMap<String, String>) -> Self {
+        ExecRequest {
+            program: Program::Shell(script.into()),
+            cwd: "/tmp".into(),
+            env,
+            stdin: None,
+            timeout: Duration::from_secs(120),
+            output_cap: 64 * 1024,
+            live: None,
+        }
+    }
+
+    /// The program as an argv, once the request is checked (absolute cwd, non-empty argv).
+    pub fn command_line(&self) -> Result<Vec<String>, BoxError> {
+        if !self.cwd.starts_with('/') {
+            return Err(BoxError::BadRequest(format!(
+                "cwd must be an absolute path inside the sandbox, not {:?}",
+                self.cwd
+            )));
+        }
+        match &self.program {
+            Program::Argv(v) if v.is_empty() => Err(BoxError::BadRequest("argv is empty".into())),
+            Program::Argv(v) => Ok(v.clone()),
+            Program::Shell(c) => Ok(vec!["/bin/sh".into(), "-c".into(), c.clone()]),
+        }
+    }
+
+    /// The environment the program sees: the request's, over the sandbox's defaults.
+    pub fn environment(&self, workspace: bool) -> BTreeMap<String, String> {
+        let mut env = self.env.clone();
+        env.entry("PATH".into())
+            .or_insert_with(|| DEFAULT_PATH.into());
+        env.entry("HOME".into())
+            .or_insert_with(|| if workspace { "/workspace" } else { "/tmp" }.into());
+        env.entry("TMPDIR".into()).or_insert_with(|| "/tmp".into());
+        env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+        env
+    }
+}
+
+/// One output stream of an execution: keeps `cap` bytes (the rest is dropped and noted), and
+/// forwards what it keeps to the live sink of a streamed execution.
+pub(crate) struct Capped {
+    pub kept: Vec<u8>,
+    pub truncated: bool,
+    cap: usize,
+    live: Option<OutputSink>,
+    kind: StreamKind,
+}
+
+impl Capped {
+    pub fn new(cap: usize, live: Option<OutputSink>, kind: StreamKind) -> Self {
+        Capped {
+            kept: Vec::new(),
+            truncated: false,
+            cap,
+            live,
+            kind,
+        }
+    }
+
+    pub fn push(&mut self, data: &[u8]) {
+        let room = self.cap.saturating_sub(self.kept.len());
+        let take = data.len().min(room);
+        if take > 0
+            && let Some(sink) = &self.live
+        {
+            let _ = sink.send((self.kind, data[..take].to_vec()));
+        }
+        self.kept.extend_from_slice(&data[..take]);
+        self.truncated |= data.len() > room;
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -235,6 +330,13 @@ pub trait Backend: Send + Sync {
     fn remove_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
         self.create_env_volume(name)
     }
+}
+
+/// Tests only: the fault named in the failpoint file `path`, consumed (removed) when read.
+pub(crate) fn take_failpoint(path: &std::path::Path) -> Option<String> {
+    let name = std::fs::read_to_string(path).ok()?;
+    std::fs::remove_file(path).ok()?;
+    Some(name.trim().to_string())
 }
 
 /// Creates `dir` (if missing) for the sandbox user `uid` to write: owned by it, mode 0700.
@@ -503,12 +605,9 @@ fn workspace_transfer(
     output_cap: usize,
 ) -> ExecRequest {
     ExecRequest {
-        program: Program::Shell(script.into()),
         cwd: "/workspace".into(),
-        env: BTreeMap::from([("D".to_string(), dir.to_string())]),
         stdin,
-        timeout: Duration::from_secs(120),
         output_cap,
-        live: None,
+        ..ExecRequest::shell(script, BTreeMap::from([("D".to_string(), dir.to_string())]))
     }
 }

@@ -80,10 +80,7 @@ impl PreparedStore {
     }
 
     fn take_failpoint(&self) -> Option<String> {
-        let f = self.root.join("FAILPOINT");
-        let name = std::fs::read_to_string(&f).ok()?;
-        std::fs::remove_file(&f).ok()?;
-        Some(name.trim().to_string())
+        crate::take_failpoint(&self.root.join("FAILPOINT"))
     }
 
     /// Where the package of `target` in `sandbox` is (or will be) prepared.
