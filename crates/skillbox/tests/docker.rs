@@ -276,20 +276,12 @@ async fn mount_set_change_waits_for_the_running_execution() {
     assert_eq!(old.len(), 1);
 
     // A long execution in the old container writes to the workspace when it ends.
-    let long = {
-        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
-        tokio::spawn(async move {
-            c.post(url)
-                .bearer_auth(ADMIN)
-                .json(&json!({"command": "sleep 3; echo from-old > /workspace/f; echo done"}))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        })
-    };
+    let long = spawn_exec(
+        &c,
+        &s,
+        &run,
+        json!({"command": "sleep 3; echo from-old > /workspace/f; echo done"}),
+    );
     tokio::time::sleep(std::time::Duration::from_millis(800)).await;
 
     // Activating b changes the mount set: a new container on the same workspace volume, while
@@ -308,7 +300,7 @@ async fn mount_set_change_waits_for_the_running_execution() {
     assert_eq!(both.len(), 2, "old container kept while its execution runs");
     assert!(both.contains(&old[0]));
 
-    let long_result = long.await.unwrap();
+    let (_, long_result) = long.await.unwrap();
     assert_eq!(
         long_result["stdout"], "done\n",
         "the execution in the old container completed: {long_result}"
@@ -483,28 +475,14 @@ async fn docker_contains_bombs_and_revocation_kills() {
 
     // §8.8: revocation kills the running execution, and later ones refuse.
     let started = std::time::Instant::now();
-    let long = {
-        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
-        tokio::spawn(async move {
-            let r = c
-                .post(url)
-                .bearer_auth(ADMIN)
-                .json(&json!({"command": "sleep 60", "timeout_ms": 90_000}))
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        })
-    };
+    let long = spawn_exec(
+        &c,
+        &s,
+        &run,
+        json!({"command": "sleep 60", "timeout_ms": 90_000}),
+    );
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    let r = c
-        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"reason": "bad"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    revoke(&c, &s, "hello", 1, "bad").await;
     let (st, v) = long.await.unwrap();
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
     assert!(
@@ -713,14 +691,7 @@ async fn docker_copy_mode_never_executes_a_bad_transfer() {
         "adopted, not replaced"
     );
     // Revocation removes the prepared copy from the container's volume.
-    let r = c
-        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"reason": "bad"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    revoke(&c, &s, "hello", 1, "bad").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let out = Command::new("docker")

@@ -368,14 +368,7 @@ async fn restart_keeps_pins_and_never_falls_back_to_latest() {
     assert_eq!((st, body.as_str()), (200, "v1 content"));
 
     // Revoked: revision_revoked for reads and activations, for every run.
-    let r = c
-        .post(s.ws("acme", "skills/demo/revisions/1/revoke"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"reason": "leaked key"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    revoke(&c, &s, "demo", 1, "leaked key").await;
     let r = c
         .get(s.ws("acme", &format!("runs/{run}/skills/demo/files/changed.txt")))
         .bearer_auth(ADMIN)
@@ -582,14 +575,7 @@ async fn revocation_through_one_server_stops_reads_on_another() {
         read(&c, &b, ADMIN, &runs[1], "demo", "changed.txt").await.0,
         200
     );
-    let r = c
-        .post(a.ws("acme", "skills/demo/revisions/1/revoke"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"reason": "r"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    revoke(&c, &a, "demo", 1, "r").await;
     let r = c
         .get(b.ws(
             "acme",

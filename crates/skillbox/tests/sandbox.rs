@@ -262,13 +262,12 @@ async fn revocation_kills_running_executions() {
     .await;
     let run = new_run(&c, &s, &["hello"]).await;
     let started = std::time::Instant::now();
-    let long = {
-        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
-        tokio::spawn(async move {
-            let r = c.post(url).bearer_auth(ADMIN).json(&json!({"command": "echo started > /workspace/flag; sleep 60", "timeout_ms": 90_000})).send().await.unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        })
-    };
+    let long = spawn_exec(
+        &c,
+        &s,
+        &run,
+        json!({"command": "echo started > /workspace/flag; sleep 60", "timeout_ms": 90_000}),
+    );
     let flag = dir.path().join(format!("box/workspaces/{run}/flag"));
     while !flag.exists() {
         assert!(
@@ -277,14 +276,7 @@ async fn revocation_kills_running_executions() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let r = c
-        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"reason": "bad"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    revoke(&c, &s, "hello", 1, "bad").await;
     let (st, v) = long.await.unwrap();
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
     assert!(
@@ -599,14 +591,7 @@ async fn copy_mode_never_executes_a_bad_transfer() {
             .count()
     };
     assert_eq!(copies(), 1);
-    let r = c
-        .post(s.ws("acme", "skills/hello/revisions/1/revoke"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"reason": "bad"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    revoke(&c, &s, "hello", 1, "bad").await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while copies() > 0 {
         assert!(

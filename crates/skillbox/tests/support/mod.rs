@@ -246,8 +246,23 @@ pub async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String
 
 /// `POST …/runs/{run}/exec` in workspace `acme`: (status, body).
 pub async fn exec(c: &reqwest::Client, s: &Server, run: &str, body: Value) -> (u16, Value) {
+    post_exec(c.clone(), s.ws("acme", &format!("runs/{run}/exec")), body).await
+}
+
+/// [`exec`] in a task of its own (an execution that runs while the test does other things).
+pub fn spawn_exec(
+    c: &reqwest::Client,
+    s: &Server,
+    run: &str,
+    body: Value,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let url = s.ws("acme", &format!("runs/{run}/exec"));
+    tokio::spawn(post_exec(c.clone(), url, body))
+}
+
+async fn post_exec(c: reqwest::Client, url: String, body: Value) -> (u16, Value) {
     let r = c
-        .post(s.ws("acme", &format!("runs/{run}/exec")))
+        .post(url)
         .bearer_auth(ADMIN)
         .json(&body)
         .send()
@@ -255,6 +270,18 @@ pub async fn exec(c: &reqwest::Client, s: &Server, run: &str, body: Value) -> (u
         .unwrap();
     let st = r.status().as_u16();
     (st, r.json().await.unwrap())
+}
+
+/// Revokes revision `rev` of `skill` in workspace `acme` (through `s`); asserts 200.
+pub async fn revoke(c: &reqwest::Client, s: &Server, skill: &str, rev: i64, reason: &str) {
+    let r = c
+        .post(s.ws("acme", &format!("skills/{skill}/revisions/{rev}/revoke")))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({ "reason": reason }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }
 
 /// Writes pure-Python wheels `skbdemo-<v>` (module `skbdemo` with `VERSION = "<v>"`) into a
