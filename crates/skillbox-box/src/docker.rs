@@ -751,9 +751,9 @@ impl Docker {
             drop(input);
         }
         // As with bwrap, an execution's processes end with it: background children still in
-        // its process group are killed when it ends (and on timeout or revocation).
-        // The pid may not be known yet right after start: asked again when needed.
-        let mut group = self.exec_pid(&exec.id).await;
+        // its process group are killed when it ends (and on timeout or revocation). Its host
+        // pid is asked of the engine only when needed.
+        let mut group = None;
         let mut out = Capped::new(req.output_cap, req.live.clone(), StreamKind::Stdout);
         let mut err = Capped::new(req.output_cap, req.live.clone(), StreamKind::Stderr);
         let deadline = tokio::time::sleep(req.timeout);
@@ -780,20 +780,24 @@ impl Docker {
                 }
             }
         }
-        if group.is_none() {
-            group = self.exec_pid(&exec.id).await;
-        }
-        Self::kill_group(group);
+        // One inspection gives both the process group to clean up and, once the exec has
+        // ended, its exit code.
         let mut exit_code = None;
-        for _ in 0..50 {
-            match self.engine.inspect_exec(&exec.id).await {
-                Ok(e) if e.running == Some(false) => {
-                    exit_code = e.exit_code.map(|c| c as i32);
-                    break;
-                }
-                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-                Err(e) => return Err(engine_error("inspecting an exec", e)),
+        for attempt in 0..50 {
+            let e = self
+                .engine
+                .inspect_exec(&exec.id)
+                .await
+                .map_err(|e| engine_error("inspecting an exec", e))?;
+            if attempt == 0 {
+                group = group.or(e.pid.filter(|p| *p > 1).map(|p| p as i32));
+                Self::kill_group(group);
             }
+            if e.running == Some(false) {
+                exit_code = e.exit_code.map(|c| c as i32);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let outcome = match (ended_by, exit_code) {
             (Some(o), _) => o,
