@@ -1,36 +1,53 @@
 //! The bubblewrap backend: one `bwrap` process per execution.
 //!
-//! The command line is `prlimit <limits> -- setpriv --reuid=U --regid=U --clear-groups --
-//! bwrap <namespaces and mounts> -- program`. bwrap is started as an unprivileged host uid so
-//! that `RLIMIT_NPROC` applies (the kernel exempts root) and the sandbox holds no privilege
-//! it could regain. Because bwrap resolves bind sources as that uid, package trees and the
-//! workspace must be reachable by it (the server makes its data directory traversable).
+//! The command line is `prlimit <limits> -- bwrap <namespaces and mounts> -- setpriv
+//! --reuid=U --regid=U --clear-groups --inh-caps=-all --bounding-set=-all -- program`. bwrap
+//! runs as root without a user namespace, so it resolves bind sources as root — any data
+//! directory works, even one under a 0700 home — and mounts in a fresh mount namespace; its
+//! child keeps only the capabilities that `setpriv` needs to become the sandbox's uid `U`, and
+//! `setpriv` drops every capability (and the bounding set) before the program starts, with
+//! `no_new_privs` set by bwrap (setuid binaries in `/usr` stay powerless). Each sandbox has its
+//! own `U` from a [`UidPool`], so `RLIMIT_NPROC` (which the kernel counts per uid and never
+//! applies to root) is a process budget per sandbox. The root of the sandbox, `/skills` and
+//! every directory above a mount are read-only (`--remount-ro /` last); `/tmp` is a tmpfs of
+//! capped size; `/workspace` is the sandbox's quota'd workspace ([`crate::workspace`]).
 
 use crate::prepare::PreparedStore;
+use crate::workspace::UidPool;
 use crate::{
     Backend, BoxError, BoxFuture, Capabilities, Capped, ExecFuture, ExecRequest, ExecResult, Lease,
     Mount, Outcome, Sandbox, StreamKind,
 };
 use skillbox_package::Digest;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-/// Resource limits of one execution.
+/// Resource limits of one sandbox.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Address space, bytes.
     pub memory: u64,
-    /// Processes of the sandbox uid (fork bombs).
+    /// Processes of the sandbox's uid (fork bombs).
     pub processes: u64,
     /// Largest file a process may write, bytes.
     pub file_size: u64,
     pub open_files: u64,
+    /// Size of the sandbox's `/tmp` (a tmpfs, so host memory), bytes.
+    pub tmp_bytes: u64,
+    /// Quota of the sandbox's `/workspace`, bytes (0: no quota, a plain directory).
+    pub workspace_bytes: u64,
 }
+
+/// Default `/tmp` size of a sandbox: 256 MiB.
+pub const DEFAULT_TMP_BYTES: u64 = 256 << 20;
+/// Default `/workspace` quota of a sandbox: 1 GiB.
+pub const DEFAULT_WORKSPACE_BYTES: u64 = 1 << 30;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -39,6 +56,8 @@ impl Default for Limits {
             processes: 256,
             file_size: 256 << 20,
             open_files: 1024,
+            tmp_bytes: DEFAULT_TMP_BYTES,
+            workspace_bytes: DEFAULT_WORKSPACE_BYTES,
         }
     }
 }
@@ -46,12 +65,17 @@ impl Default for Limits {
 #[derive(Debug, Clone)]
 pub struct Bwrap {
     pub bwrap: PathBuf,
-    /// Host uid (and gid) the sandbox runs as.
+    /// Host uid (and gid) of the box's own work: probes and dependency environment builds.
     pub uid: u32,
     pub limits: Limits,
     /// Copy mode: packages are copied into this store and verified, instead of binding the
     /// revision-cache trees.
     pub copies: Option<PreparedStore>,
+    /// One uid per sandbox (without a pool every sandbox runs as `uid`).
+    pub uids: Option<Arc<UidPool>>,
+    /// The box's directory in the data directory: the probe binds from it, so it proves the
+    /// real layout works.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// System paths bound read-only when they exist.
@@ -71,6 +95,10 @@ const SYSTEM_RO: [&str; 13] = [
     "/etc/nsswitch.conf",
 ];
 
+/// Capabilities bwrap leaves to its child: exactly what `setpriv` needs to change uid, gid
+/// and groups and to empty the bounding set. `setpriv` drops them all before the program.
+const SETPRIV_CAPS: [&str; 3] = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"];
+
 impl Bwrap {
     pub fn new(uid: u32) -> Self {
         Bwrap {
@@ -78,61 +106,109 @@ impl Bwrap {
             uid,
             limits: Limits::default(),
             copies: None,
+            uids: None,
+            state_dir: None,
         }
     }
 
-    /// Runs `/bin/true` in a minimal sandbox: Ok with what works, or why not and what to do.
+    /// Runs a command in a sandbox built like an execution's — a package bound from the box's
+    /// directory in the data directory (so a data directory under a 0700 home is tried for
+    /// real), read-only `/skills`, capped `/tmp`, quota'd `/workspace` — as the sandbox user:
+    /// Ok with what works, or why not and what to do.
     pub fn probe(&self) -> Result<String, BoxError> {
-        let sandbox = Sandbox::internal("probe", vec![]);
-        let mut args = self.wrapper_args();
-        let env = ExecRequest::shell("", Default::default()).environment(false);
-        args.extend(self.bwrap_args(&sandbox, "/", &env));
-        args.push("/bin/true".into());
-        let out = std::process::Command::new("prlimit")
-            .args(&args)
-            .stdin(Stdio::null())
-            .output();
-        match out {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(BoxError::Unavailable(
-                "prlimit (util-linux) is not installed".into(),
-            )),
-            Err(e) => Err(BoxError::Unavailable(format!(
-                "cannot start the sandbox: {e}"
-            ))),
-            Ok(o) if o.status.success() => Ok(format!(
-                "bwrap creates user, pid, net, ipc, uts and mount namespaces here, as uid {}",
-                self.uid
-            )),
-            Ok(o) => {
-                let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
-                Err(BoxError::Unavailable(
-                    if err.contains("No such file") && err.contains("bwrap") {
-                        "bwrap is not installed: install bubblewrap (Debian: apt-get install bubblewrap)".into()
+        let state = self
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("skillbox-probe"));
+        let probe_dir = state.join(skillbox_package::staging::unique_name(".probe-"));
+        let package = probe_dir.join("package");
+        let workspace = probe_dir.join("workspace");
+        std::fs::create_dir_all(&package)?;
+        std::fs::write(package.join("SKILL.md"), b"probe")?;
+        let result = (|| {
+            self.prepare_workspace_for(&workspace, self.uid)?;
+            let manifest = Arc::new(skillbox_package::Manifest::default());
+            let sandbox = Sandbox {
+                id: "probe".into(),
+                workspace_dir: Some(workspace.clone()),
+                mounts: vec![Mount {
+                    target: "/skills/probe/1".into(),
+                    source: package.clone(),
+                    digest: manifest.digest(),
+                    manifest,
+                }],
+                binds: vec![],
+                environment_of: None,
+                network: false,
+            };
+            let env = ExecRequest::shell("", Default::default()).environment(true);
+            let mut args = self.wrapper_args();
+            args.extend(self.bwrap_args(&sandbox, "/", &env, self.uid));
+            args.extend(
+                [
+                    "/bin/sh",
+                    "-c",
+                    "cat /skills/probe/1/SKILL.md >/dev/null && touch /workspace/.probe && ! touch /skills/.probe 2>/dev/null",
+                ]
+                .map(OsString::from),
+            );
+            let out = std::process::Command::new("prlimit")
+                .args(&args)
+                .stdin(Stdio::null())
+                .output();
+            match out {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(BoxError::Unavailable(
+                    "prlimit (util-linux) is not installed".into(),
+                )),
+                Err(e) => Err(BoxError::Unavailable(format!(
+                    "cannot start the sandbox: {e}"
+                ))),
+                Ok(o) if o.status.success() => Ok(format!(
+                    "bwrap creates pid, net, ipc, uts and mount namespaces here and runs each sandbox as \
+its own uid (from {}); packages under {} are readable in it, /skills is read-only, /workspace is \
+writable{}",
+                    self.uids.as_ref().map(|p| p.base()).unwrap_or(self.uid),
+                    state.display(),
+                    if self.limits.workspace_bytes > 0 {
+                        format!(" with a quota of {} bytes", self.limits.workspace_bytes)
                     } else {
-                        format!(
-                            "bwrap cannot create a sandbox here: {err} — unprivileged user namespaces are probably \
-restricted (sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces, or AppArmor's userns \
-restriction); skillbox never falls back to running unsandboxed"
-                        )
-                    },
-                ))
+                        " (no quota)".into()
+                    }
+                )),
+                Ok(o) => {
+                    let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+                    Err(BoxError::Unavailable(
+                        if err.contains("No such file") && err.contains("bwrap") {
+                            "bwrap is not installed: install bubblewrap (Debian: apt-get install bubblewrap)".into()
+                        } else if unsafe_uid() {
+                            format!(
+                                "bwrap must be started as root (it mounts as root and then becomes the sandbox's own uid): {err}"
+                            )
+                        } else {
+                            format!(
+                                "a bwrap sandbox does not work here ({}): {err} — bwrap needs to run as root \
+with mount namespaces available; skillbox never falls back to running unsandboxed",
+                                crate::describe_status(o.status)
+                            )
+                        },
+                    ))
+                }
             }
-        }
+        })();
+        let removed = crate::workspace::remove(&workspace)
+            .and_then(|_| Ok(skillbox_package::staging::remove_tree(&probe_dir)?));
+        let ok = result?;
+        removed?;
+        Ok(ok)
     }
 
     fn wrapper_args(&self) -> Vec<OsString> {
         let l = &self.limits;
-        let uid = self.uid.to_string();
         [
             format!("--as={}", l.memory),
             format!("--nproc={}", l.processes),
             format!("--fsize={}", l.file_size),
             format!("--nofile={}", l.open_files),
-            "--".into(),
-            "setpriv".into(),
-            format!("--reuid={uid}"),
-            format!("--regid={uid}"),
-            "--clear-groups".into(),
             "--".into(),
             self.bwrap.to_string_lossy().into_owned(),
         ]
@@ -141,30 +217,82 @@ restriction); skillbox never falls back to running unsandboxed"
         .collect()
     }
 
+    /// The sandbox's uid: its own from the pool, or the box's for its own work.
+    fn uid_of(&self, sandbox: &Sandbox) -> Result<u32, BoxError> {
+        match (&self.uids, &sandbox.workspace_dir) {
+            (Some(pool), Some(_)) => pool.uid_of(&sandbox.id),
+            _ => Ok(self.uid),
+        }
+    }
+
+    /// Makes the workspace at `dir` ready for `uid`: a loop-mounted ext4 image of the quota's
+    /// size, or (no quota) a plain directory.
+    fn prepare_workspace_for(&self, dir: &Path, uid: u32) -> Result<(), BoxError> {
+        if self.limits.workspace_bytes == 0 || crate::workspace::is_mountpoint(dir) {
+            return crate::owned_dir(dir, uid);
+        }
+        if dir.is_dir() && !crate::workspace::image_path(dir).exists() {
+            // A workspace from before quotas: kept as it is, without one.
+            tracing::warn!(dir = %dir.display(), "workspace made without a quota; keeping it");
+            return crate::owned_dir(dir, uid);
+        }
+        let image = crate::workspace::image_path(dir);
+        crate::workspace::make_image(&image, self.limits.workspace_bytes, uid)?;
+        crate::workspace::mount(&image, dir, uid)
+    }
+
     fn bwrap_args(
         &self,
         sandbox: &Sandbox,
         cwd: &str,
         env: &std::collections::BTreeMap<String, String>,
+        uid: u32,
     ) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |items: &[&str]| a.extend(items.iter().map(OsString::from));
         push(&[
-            "--unshare-all",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
             "--die-with-parent",
             "--new-session",
-            "--cap-drop",
-            "ALL",
             "--clearenv",
         ]);
-        if sandbox.network {
-            push(&["--share-net"]);
+        if !sandbox.network {
+            push(&["--unshare-net"]);
+        }
+        for cap in SETPRIV_CAPS {
+            push(&["--cap-add", cap]);
+        }
+        // Every directory bwrap makes on the way to a mount is made explicitly, 0755 and
+        // root's (implicit ones would be 0700, unreadable to the sandbox user); `--remount-ro
+        // /` at the end leaves them all read-only.
+        let targets: Vec<String> = SYSTEM_RO
+            .iter()
+            .filter(|p| Path::new(p).exists())
+            .map(|p| p.to_string())
+            .chain(sandbox.mounts.iter().map(|m| m.target.clone()))
+            .chain(sandbox.binds.iter().map(|b| b.target.clone()))
+            .collect();
+        let mut parents = BTreeSet::from(["/skills".to_string()]);
+        for t in &targets {
+            let mut p = Path::new(t).parent();
+            while let Some(dir) = p.filter(|d| *d != Path::new("/")) {
+                parents.insert(dir.to_string_lossy().into_owned());
+                p = dir.parent();
+            }
+        }
+        for dir in &parents {
+            push(&["--perms", "0755", "--dir", dir]);
         }
         for p in SYSTEM_RO {
             push(&["--ro-bind-try", p, p]);
         }
+        let tmp_size = self.limits.tmp_bytes.to_string();
         push(&[
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/skills",
+            "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", &tmp_size, "--tmpfs",
+            "/tmp",
         ]);
         for m in &sandbox.mounts {
             a.push("--ro-bind".into());
@@ -189,11 +317,36 @@ restriction); skillbox never falls back to running unsandboxed"
             a.push(k.into());
             a.push(v.into());
         }
-        a.push("--chdir".into());
-        a.push(cwd.into());
-        a.push("--".into());
+        let uid = uid.to_string();
+        a.extend(
+            [
+                "--remount-ro",
+                "/",
+                "--chdir",
+                cwd,
+                "--",
+                SETPRIV,
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
+            .map(OsString::from),
+        );
         a
     }
+}
+
+/// `setpriv` inside the sandbox, by absolute path: a `PATH` from the request must never choose
+/// the program that still holds capabilities. Debian's util-linux puts it here, under the
+/// read-only `/usr`.
+const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// Whether this process is not root (bwrap then cannot mount as root or change uid).
+fn unsafe_uid() -> bool {
+    !nix::unistd::Uid::effective().is_root()
 }
 
 /// Reads a stream to its end through a [`Capped`] keeper.
@@ -222,6 +375,13 @@ impl Backend for Bwrap {
 
     fn prepare_writable_dir(&self, dir: &Path) -> Result<(), BoxError> {
         crate::writable_dir(dir, self.uid)
+    }
+
+    fn prepare_workspace(&self, sandbox: &Sandbox) -> Result<(), BoxError> {
+        let Some(dir) = &sandbox.workspace_dir else {
+            return Ok(());
+        };
+        self.prepare_workspace_for(dir, self.uid_of(sandbox)?)
     }
 
     /// Nothing to select: every execution is a fresh bwrap made of exactly the mount set. In
@@ -301,16 +461,26 @@ impl Backend for Bwrap {
             store.release(id)?;
         }
         if let Some(dir) = workspace_dir {
-            skillbox_package::staging::remove_tree(dir)?;
+            crate::workspace::remove(dir)?;
+        }
+        if let Some(pool) = &self.uids {
+            pool.release(id)?;
         }
         Ok(())
     }
 
     fn sandboxes(&self) -> Vec<String> {
-        self.copies
+        let mut all: BTreeSet<String> = self
+            .copies
             .as_ref()
             .and_then(|s| s.sandboxes().ok())
             .unwrap_or_default()
+            .into_iter()
+            .collect();
+        if let Some(pool) = &self.uids {
+            all.extend(pool.sandboxes());
+        }
+        all.into_iter().collect()
     }
 
     fn exec<'a>(
@@ -324,7 +494,8 @@ impl Backend for Bwrap {
             let program = req.command_line()?;
             let env = req.environment(sandbox.workspace_dir.is_some());
             let mut args = self.wrapper_args();
-            args.extend(self.bwrap_args(sandbox, &req.cwd, &env));
+            let uid = self.uid_of(sandbox)?;
+            args.extend(self.bwrap_args(sandbox, &req.cwd, &env, uid));
             args.extend(program.into_iter().map(OsString::from));
             let start = Instant::now();
             let mut child = tokio::process::Command::new("prlimit")

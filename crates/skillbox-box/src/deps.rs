@@ -77,11 +77,6 @@ pub struct DepEnv {
     pub target: String,
 }
 
-/// The volume of an environment, on backends that store environments in volumes.
-fn volume_of(key: &str) -> String {
-    format!("skillbox-env-{key}")
-}
-
 /// Volume storage: the ready marker inside the environment, written last.
 const VOLUME_READY: &str = ".skillbox-ready";
 
@@ -179,7 +174,7 @@ impl DepEnvs {
         .to_hex();
         let env = DepEnv {
             source: if backend.environment_volumes() {
-                BindSource::Volume(volume_of(&key))
+                BindSource::Volume(backend.env_volume_name(&key))
             } else {
                 BindSource::Host(self.root.join(&key))
             },
@@ -343,9 +338,16 @@ impl DepEnvs {
         let script = r#"set -e
 python3 -m venv --without-pip "$E"
 python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
+        // Tests only: `stall` keeps the build (and its container) running.
+        let script = if self.take_failpoint_if("stall") {
+            let _ = std::fs::write(self.root.join("FAILPOINT.reached"), b"");
+            format!("{script}\nsleep 600")
+        } else {
+            script.to_string()
+        };
         let req = ExecRequest {
             timeout: self.cfg.build_timeout,
-            ..ExecRequest::shell(script, vars)
+            ..ExecRequest::shell(&script, vars)
         };
         let r = run_once(backend, &sandbox, req).await?;
         if r.outcome != Outcome::Exited || r.exit_code != Some(0) {
@@ -353,7 +355,7 @@ python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
                 Outcome::TimedOut => {
                     format!("the build took longer than {:?}", self.cfg.build_timeout)
                 }
-                _ => tail(&r.stderr, &r.stdout),
+                _ => r.failure(),
             };
             return Err(BoxError::Dependencies(format!(
                 "pip could not install {REQUIREMENTS}: {why}"
@@ -384,10 +386,10 @@ printf '%s\\n' \"$K\" > \"$E/{VOLUME_READY}.tmp\"\nmv \"$E/{VOLUME_READY}.tmp\" 
                     ("K".to_string(), env.key.clone()),
                 ]);
                 let r = run_once(backend, &sandbox, ExecRequest::shell(&script, vars)).await?;
-                if r.exit_code != Some(0) {
+                if r.outcome != Outcome::Exited || r.exit_code != Some(0) {
                     return Err(BoxError::Dependencies(format!(
                         "sealing the environment failed: {}",
-                        tail(&r.stderr, &r.stdout)
+                        r.failure()
                     )));
                 }
                 if let Ok(mut set) = self.ready_volumes.lock() {
@@ -401,7 +403,14 @@ printf '%s\\n' \"$K\" > \"$E/{VOLUME_READY}.tmp\"\nmv \"$E/{VOLUME_READY}.tmp\" 
     }
 
     fn take_failpoint(&self) -> bool {
-        crate::take_failpoint(&self.root.join("FAILPOINT")).as_deref() == Some("hang")
+        self.take_failpoint_if("hang")
+    }
+
+    /// Tests only: consumes the failpoint file if it names `fault`.
+    fn take_failpoint_if(&self, fault: &str) -> bool {
+        let path = self.root.join("FAILPOINT");
+        std::fs::read_to_string(&path).is_ok_and(|f| f.trim() == fault)
+            && crate::take_failpoint(&path).as_deref() == Some(fault)
     }
 }
 
@@ -461,20 +470,8 @@ async fn ask_interpreter(backend: &dyn Backend) -> Result<String, BoxError> {
         return Err(BoxError::Dependencies(format!(
             "python3 does not run inside the sandbox ({}); dependency environments need python3 \
 with the venv and pip modules in the sandbox's system (Debian: python3-venv python3-pip)",
-            tail(&r.stderr, &r.stdout)
+            r.failure()
         )));
     }
     Ok(out)
-}
-
-/// The last lines of a failed command's output, for an error message.
-fn tail(stderr: &[u8], stdout: &[u8]) -> String {
-    let text = if stderr.iter().any(|b| !b.is_ascii_whitespace()) {
-        stderr
-    } else {
-        stdout
-    };
-    let text = String::from_utf8_lossy(text);
-    let lines: Vec<&str> = text.trim().lines().collect();
-    lines[lines.len().saturating_sub(6)..].join(" | ")
 }

@@ -25,7 +25,7 @@
 
 use crate::{
     Backend, BoxError, BoxFuture, Capabilities, Capped, ExecFuture, ExecRequest, ExecResult, Lease,
-    Mount, Outcome, Sandbox, StreamKind,
+    Mount, Outcome, Sandbox, StreamKind, poisoned,
 };
 use bollard::Docker as Engine;
 use bollard::exec::{CreateExecOptions, StartExecResults};
@@ -43,6 +43,9 @@ const LABEL_SANDBOX: &str = "skillbox.sandbox";
 const LABEL_SIGNATURE: &str = "skillbox.signature";
 const LABEL_PACKAGES: &str = "skillbox.packages";
 const LABEL_LEASE: &str = "skillbox.lease";
+/// On the box's own one-shot containers (probes, environment builds): never a run's sandbox,
+/// so never released by the sweep of ended runs, and removed (not adopted) after a restart.
+const LABEL_INTERNAL: &str = "skillbox.internal";
 
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
@@ -57,6 +60,11 @@ pub struct DockerConfig {
     pub memory_bytes: i64,
     pub pids: i64,
     pub nano_cpus: i64,
+    /// Size of the sandbox's `/tmp` tmpfs, bytes.
+    pub tmp_bytes: u64,
+    /// Quota of the sandbox's `/workspace` volume, bytes (an ext4 image on a loop device; 0:
+    /// a plain volume).
+    pub workspace_bytes: u64,
     /// Copy mode: packages are uploaded into a per-sandbox volume at `/skills` and verified
     /// inside the container instead of bound from the revision cache.
     pub copy_mode: bool,
@@ -74,6 +82,8 @@ impl DockerConfig {
             memory_bytes: 2 << 30,
             pids: 256,
             nano_cpus: 1_000_000_000,
+            tmp_bytes: crate::bwrap::DEFAULT_TMP_BYTES,
+            workspace_bytes: crate::bwrap::DEFAULT_WORKSPACE_BYTES,
             copy_mode: false,
             failpoint: None,
         }
@@ -281,7 +291,9 @@ impl Docker {
             let packages = labels
                 .get(LABEL_PACKAGES)
                 .and_then(|p| serde_json::from_str::<Vec<(String, String)>>(p).ok());
-            let consistent = packages.is_some() && !sandbox.is_empty() && image_id == self.image_id;
+            let internal = labels.contains_key(LABEL_INTERNAL);
+            let consistent =
+                packages.is_some() && !sandbox.is_empty() && !internal && image_id == self.image_id;
             let running = self.is_running(&id).await;
             if consistent && running {
                 let signature = labels.get(LABEL_SIGNATURE).cloned().unwrap_or_default();
@@ -375,6 +387,9 @@ impl Docker {
                 format!("pid-{}", std::process::id()),
             ),
         ]);
+        if sandbox.workspace_dir.is_none() {
+            labels.insert(LABEL_INTERNAL.to_string(), "true".to_string());
+        }
         let packages = package_list(sandbox);
         labels.insert(
             LABEL_PACKAGES.to_string(),
@@ -391,9 +406,10 @@ impl Docker {
                 ..Default::default()
             });
         }
-        if sandbox.workspace_dir.is_some() {
+        if let Some(dir) = &sandbox.workspace_dir {
             let volume = volume_name(&sandbox.id);
-            self.create_volume(&volume, &sandbox.id).await?;
+            self.create_workspace_volume(&volume, &sandbox.id, dir)
+                .await?;
             mounts.push(EngineMount {
                 target: Some("/workspace".into()),
                 source: Some(volume),
@@ -407,7 +423,7 @@ impl Docker {
             readonly_rootfs: Some(true),
             tmpfs: Some(HashMap::from([(
                 "/tmp".to_string(),
-                "rw,nosuid,nodev,size=268435456".to_string(),
+                format!("rw,nosuid,nodev,size={}", self.cfg.tmp_bytes),
             )])),
             network_mode: Some(if sandbox.network { "bridge" } else { "none" }.into()),
             cap_drop: Some(vec!["ALL".into()]),
@@ -457,7 +473,7 @@ impl Docker {
                     return Err(BoxError::Unavailable(format!(
                         "docker: cannot open {} to the sandbox user: {}",
                         b.target,
-                        String::from_utf8_lossy(&err).trim()
+                        command_failure(code, &err)
                     )));
                 }
             }
@@ -485,6 +501,15 @@ impl Docker {
     }
 
     async fn create_volume(&self, name: &str, sandbox: &str) -> Result<(), BoxError> {
+        self.create_volume_with(name, sandbox, None).await
+    }
+
+    async fn create_volume_with(
+        &self,
+        name: &str,
+        sandbox: &str,
+        driver_opts: Option<HashMap<String, String>>,
+    ) -> Result<(), BoxError> {
         self.engine
             .create_volume(bollard::models::VolumeCreateRequest {
                 name: Some(name.to_string()),
@@ -492,11 +517,56 @@ impl Docker {
                     (LABEL_OWNER.to_string(), self.cfg.owner.clone()),
                     (LABEL_SANDBOX.to_string(), sandbox.to_string()),
                 ])),
+                driver_opts,
                 ..Default::default()
             })
             .await
             .map_err(|e| engine_error("creating a volume", e))?;
         Ok(())
+    }
+
+    /// The workspace volume. With a quota it is the ext4 image beside the workspace's host
+    /// directory, on a loop device (the engine's local driver mounts a block device but not an
+    /// image file); a volume left on another device (the host restarted since) is made anew
+    /// on the same image, so the workspace's files survive.
+    async fn create_workspace_volume(
+        &self,
+        name: &str,
+        sandbox: &str,
+        dir: &Path,
+    ) -> Result<(), BoxError> {
+        if self.cfg.workspace_bytes == 0 {
+            return self.create_volume(name, sandbox).await;
+        }
+        let (image, bytes, uid) = (
+            crate::workspace::image_path(dir),
+            self.cfg.workspace_bytes,
+            self.cfg.uid,
+        );
+        let device = tokio::task::spawn_blocking(move || {
+            if let Some(parent) = image.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            crate::workspace::make_image(&image, bytes, uid)?;
+            crate::workspace::attach(&image)
+        })
+        .await
+        .map_err(|e| BoxError::Unavailable(format!("workspace image task failed: {e}")))??;
+        if let Ok(v) = self.engine.inspect_volume(name).await {
+            let current = v.options.get("device").cloned().unwrap_or_default();
+            if current == device {
+                return Ok(());
+            }
+            remove_volume(&self.engine, name)
+                .await
+                .map_err(|e| engine_error("replacing a workspace volume", e))?;
+        }
+        let opts = HashMap::from([
+            ("type".to_string(), "ext4".to_string()),
+            ("device".to_string(), device),
+            ("o".to_string(), "nosuid,nodev".to_string()),
+        ]);
+        self.create_volume_with(name, sandbox, Some(opts)).await
     }
 
     /// Runs a box-internal command in a container as `user`: (exit code, stdout, stderr).
@@ -543,7 +613,7 @@ impl Docker {
         if code != Some(0) {
             return Err(BoxError::Unavailable(format!(
                 "docker: cannot make a staging directory: {}",
-                String::from_utf8_lossy(&err).trim()
+                command_failure(code, &err)
             )));
         }
         let (source, manifest) = (mount.source.clone(), mount.manifest.clone());
@@ -619,7 +689,7 @@ impl Docker {
             return Err(BoxError::Unavailable(format!(
                 "the copy of {} failed verification in the container ({}); nothing was executed — retry",
                 mount.target,
-                String::from_utf8_lossy(&err).trim()
+                command_failure(code, &err)
             )));
         }
         Ok(())
@@ -683,20 +753,32 @@ impl Docker {
         }
     }
 
-    /// Kills the exec's process group from the host.
     /// The host pid of a running exec's first process: the leader of its process group.
     async fn exec_pid(&self, exec_id: &str) -> Option<i32> {
         let e = self.engine.inspect_exec(exec_id).await.ok()?;
         e.pid.filter(|p| *p > 1).map(|p| p as i32)
     }
 
-    /// Kills the exec's process group from the host (the exec's processes that did not leave
-    /// it, wherever they are in their lives).
-    fn kill_group(pid: Option<i32>) {
-        if let Some(pid) = pid {
-            let pid = nix::unistd::Pid::from_raw(pid);
-            let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    /// Kills the exec's process group from the host: the processes whose process group is
+    /// the exec's leader's pid *and* that live in this container's cgroup. The pid alone is
+    /// not enough: once the group is empty the kernel may give that pid to a new process —
+    /// another container's exec leader, say — and a bare `killpg` would kill it.
+    fn kill_group(pid: Option<i32>, container: &str) {
+        let Some(group) = pid else {
+            return;
+        };
+        // A member may fork while we look: look again until none is left (bounded).
+        for _ in 0..5 {
+            let members = group_members_in(group, container);
+            if members.is_empty() {
+                return;
+            }
+            for p in members {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
         }
     }
 
@@ -771,12 +853,12 @@ impl Docker {
                 _ = &mut deadline, if ended_by.is_none() => {
                     ended_by = Some(Outcome::TimedOut);
                     if group.is_none() { group = self.exec_pid(&exec.id).await; }
-                    Self::kill_group(group);
+                    Self::kill_group(group, container);
                 }
                 Ok(()) = &mut kill, if ended_by.is_none() => {
                     ended_by = Some(Outcome::Killed);
                     if group.is_none() { group = self.exec_pid(&exec.id).await; }
-                    Self::kill_group(group);
+                    Self::kill_group(group, container);
                 }
             }
         }
@@ -791,7 +873,7 @@ impl Docker {
                 .map_err(|e| engine_error("inspecting an exec", e))?;
             if attempt == 0 {
                 group = group.or(e.pid.filter(|p| *p > 1).map(|p| p as i32));
-                Self::kill_group(group);
+                Self::kill_group(group, container);
             }
             if e.running == Some(false) {
                 exit_code = e.exit_code.map(|c| c as i32);
@@ -836,6 +918,39 @@ async fn remove_container(engine: &Engine, id: &str) {
 }
 
 /// Removes a volume; one that is already gone is not an error.
+/// Host processes in process group `group` whose cgroup names `container` (its full id).
+fn group_members_in(group: i32, container: &str) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            // `pid (comm) state ppid pgrp …`: comm may hold spaces and parentheses.
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let pgrp = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+                .and_then(|g| g.parse::<i32>().ok());
+            pgrp == Some(group)
+                && std::fs::read_to_string(format!("/proc/{p}/cgroup"))
+                    .is_ok_and(|c| c.contains(container))
+        })
+        .collect()
+}
+
+/// Why a box-internal command failed: its exit status and what it printed on stderr.
+fn command_failure(code: Option<i32>, err: &[u8]) -> String {
+    let how = code.map_or("ended without an exit code".to_string(), |c| {
+        format!("exit code {c}")
+    });
+    match String::from_utf8_lossy(err).trim() {
+        "" => format!("{how} (no output)"),
+        text => format!("{how}: {text}"),
+    }
+}
+
 async fn remove_volume(engine: &Engine, name: &str) -> Result<(), bollard::errors::Error> {
     match engine
         .remove_volume(
@@ -849,10 +964,6 @@ async fn remove_volume(engine: &Engine, name: &str) -> Result<(), bollard::error
         }) => Ok(()),
         other => other,
     }
-}
-
-fn poisoned<T>(_: T) -> BoxError {
-    BoxError::Unavailable("docker backend state is poisoned".into())
 }
 
 impl Backend for Docker {
@@ -918,10 +1029,14 @@ impl Backend for Docker {
                 Some(id) => id,
                 None => {
                     let id = self.create(sandbox, &signature).await?;
-                    self.known
-                        .lock()
-                        .map_err(poisoned)?
-                        .insert(sandbox.id.clone());
+                    // Only a run's sandbox (it has a workspace) is the sweep's to release: a
+                    // one-shot build container listed here would be destroyed mid-build.
+                    if sandbox.workspace_dir.is_some() {
+                        self.known
+                            .lock()
+                            .map_err(poisoned)?
+                            .insert(sandbox.id.clone());
+                    }
                     self.containers.lock().map_err(poisoned)?.insert(
                         id.clone(),
                         Container {
@@ -1014,9 +1129,6 @@ impl Backend for Docker {
     }
 
     fn destroy(&self, id: &str, workspace_dir: Option<&Path>) -> Result<(), BoxError> {
-        if let Some(dir) = workspace_dir {
-            skillbox_package::staging::remove_tree(dir)?;
-        }
         let ids: Vec<String> = {
             let mut c = self.containers.lock().map_err(poisoned)?;
             let ids: Vec<String> = c
@@ -1047,6 +1159,10 @@ impl Backend for Docker {
                 }
             }
         });
+        // The volume is gone, so its loop device is free: then the image and directory.
+        if let Some(dir) = workspace_dir {
+            crate::workspace::remove(dir)?;
+        }
         Ok(())
     }
 
@@ -1089,6 +1205,10 @@ impl Backend for Docker {
 
     fn environment_volumes(&self) -> bool {
         true
+    }
+
+    fn env_volume_name(&self, key: &str) -> String {
+        format!("skillbox-env-{}-{key}", self.cfg.owner)
     }
 
     fn create_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {

@@ -17,6 +17,7 @@ pub mod bwrap;
 pub mod deps;
 pub mod docker;
 pub mod prepare;
+pub mod workspace;
 
 use skillbox_package::Digest;
 use std::collections::{BTreeMap, HashMap};
@@ -234,6 +235,32 @@ pub struct ExecResult {
     pub duration_ms: u64,
 }
 
+impl ExecResult {
+    /// What went wrong, for an error message: how it ended (exit code, signal, timeout,
+    /// killed, or the sandbox failing) and the last lines it printed — never an empty reason.
+    pub fn failure(&self) -> String {
+        let how = match (self.outcome, self.exit_code, self.signal) {
+            (Outcome::TimedOut, ..) => format!("timed out after {} ms", self.duration_ms),
+            (Outcome::Killed, ..) => "killed (its package was revoked)".into(),
+            (Outcome::SandboxFailure, ..) => "the sandbox could not be set up".into(),
+            (_, Some(code), _) => format!("exit code {code}"),
+            (_, None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => "ended without an exit code".into(),
+        };
+        let text = if self.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
+            &self.stderr
+        } else {
+            &self.stdout
+        };
+        let text = String::from_utf8_lossy(text);
+        let lines: Vec<&str> = text.trim().lines().collect();
+        match lines.len() {
+            0 => format!("{how} (no output)"),
+            n => format!("{how}: {}", lines[n.saturating_sub(6)..].join(" | ")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Capabilities {
     pub backend: &'static str,
@@ -255,6 +282,10 @@ pub enum BoxError {
     /// A dependency environment could not be built (pip's reason is in the message).
     #[error("dependency environment: {0}")]
     Dependencies(String),
+    /// A directory to export holds entries that are neither files nor directories (sockets,
+    /// which tar would silently skip): their paths, relative to it.
+    #[error("not only regular files and directories: {0:?}")]
+    SpecialFiles(Vec<String>),
     #[error("sandbox I/O: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -279,8 +310,16 @@ pub trait Backend: Send + Sync {
     /// What the sandbox's system is (an image id; `host` for a backend that binds the host's
     /// system): part of every dependency environment's key.
     fn system_identity(&self) -> String;
-    /// Prepares a host directory the sandbox writes to (a workspace, an environment build).
+    /// Prepares a host directory the box's own work writes to (an environment build).
     fn prepare_writable_dir(&self, dir: &std::path::Path) -> Result<(), BoxError>;
+    /// Prepares the sandbox's workspace (its `workspace_dir`) before an execution: made if
+    /// missing, with the backend's quota, writable by the sandbox's user.
+    fn prepare_workspace(&self, sandbox: &Sandbox) -> Result<(), BoxError> {
+        match &sandbox.workspace_dir {
+            Some(dir) => self.prepare_writable_dir(dir),
+            None => Ok(()),
+        }
+    }
     /// Selects or creates a sandbox for exactly this mount set (never one holding packages
     /// outside it) and leases it.
     fn acquire<'a>(&'a self, sandbox: &'a Sandbox) -> BoxFuture<'a, Lease>;
@@ -318,6 +357,11 @@ pub trait Backend: Send + Sync {
     fn environment_volumes(&self) -> bool {
         false
     }
+    /// The name of the volume holding the dependency environment `key` (backends with
+    /// volumes; named per owner, so servers sharing an engine never share a build).
+    fn env_volume_name(&self, key: &str) -> String {
+        format!("skillbox-env-{key}")
+    }
     /// Creates (or keeps) a named volume for a dependency environment.
     fn create_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
@@ -329,6 +373,21 @@ pub trait Backend: Send + Sync {
     /// Removes a dependency environment's volume (an interrupted build's).
     fn remove_env_volume<'a>(&'a self, name: &'a str) -> BoxFuture<'a, ()> {
         self.create_env_volume(name)
+    }
+}
+
+/// A lock whose holder panicked.
+pub(crate) fn poisoned<T>(_: T) -> BoxError {
+    BoxError::Unavailable("sandbox backend state is poisoned (a task panicked)".into())
+}
+
+/// How a process ended, for error messages: its exit code or the signal that killed it.
+pub fn describe_status(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "ended without an exit code".into(),
     }
 }
 
@@ -345,6 +404,28 @@ pub fn writable_dir(dir: &std::path::Path, uid: u32) -> Result<(), BoxError> {
         std::fs::create_dir_all(dir)?;
         std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;
         std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// [`writable_dir`], and if `dir` existed with another owner (a uid from before), everything
+/// in it handed to `uid`.
+pub(crate) fn owned_dir(dir: &std::path::Path, uid: u32) -> Result<(), BoxError> {
+    use std::os::unix::fs::MetadataExt;
+    writable_dir(dir, uid)?;
+    if std::fs::metadata(dir)?.uid() != uid {
+        chown_tree(dir, uid)?;
+    }
+    Ok(())
+}
+
+/// `lchown -R uid:uid`, never following a symlink.
+fn chown_tree(path: &std::path::Path, uid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))?;
+    if std::fs::symlink_metadata(path)?.is_dir() {
+        for e in std::fs::read_dir(path)? {
+            chown_tree(&e?.path(), uid)?;
+        }
     }
     Ok(())
 }
@@ -469,9 +550,7 @@ impl BoxRuntime {
         sandbox: &Sandbox,
         mut req: ExecRequest,
     ) -> Result<ExecResult, BoxError> {
-        if let Some(dir) = &sandbox.workspace_dir {
-            self.backend.prepare_writable_dir(dir)?;
-        }
+        self.backend.prepare_workspace(sandbox)?;
         let mut sandbox = sandbox.clone();
         if let Some(target) = &sandbox.environment_of {
             let mount = sandbox
@@ -556,7 +635,7 @@ tar -x -f - -C "$D" --no-same-owner"#;
         if r.outcome != Outcome::Exited || r.exit_code != Some(0) {
             return Err(BoxError::Unavailable(format!(
                 "unpacking into {dir} in the sandbox failed: {}",
-                String::from_utf8_lossy(&r.stderr).trim()
+                r.failure()
             )));
         }
         Ok(())
@@ -570,8 +649,13 @@ tar -x -f - -C "$D" --no-same-owner"#;
         dir: &str,
         cap: usize,
     ) -> Result<Vec<u8>, BoxError> {
+        // GNU tar skips sockets with a warning and exit 0: they are named and refused first,
+        // like every other entry that is not a file or a directory.
         let script = r#"[ -d "$D" ] || exit 3
-exec tar -c -f - -C "$D" ."#;
+cd "$D" || exit 3
+s=$(find . -type s | head -n 100)
+if [ -n "$s" ]; then printf '%s\n' "$s" >&2; exit 5; fi
+exec tar -c -f - ."#;
         let r = self
             .exec(sandbox, workspace_transfer(script, dir, None, cap))
             .await?;
@@ -583,14 +667,20 @@ exec tar -c -f - -C "$D" ."#;
                 "{dir} holds more than {cap} bytes"
             ))),
             (Outcome::Exited, Some(0)) => Ok(r.stdout),
+            (Outcome::Exited, Some(5)) => Err(BoxError::SpecialFiles(
+                String::from_utf8_lossy(&r.stderr)
+                    .lines()
+                    .map(|l| l.trim_start_matches("./").to_string())
+                    .collect(),
+            )),
             // tar itself refused (unreadable files, say): the directory's fault, not the box's.
             (Outcome::Exited, Some(_)) => Err(BoxError::BadRequest(format!(
                 "{dir} cannot be packed: {}",
-                String::from_utf8_lossy(&r.stderr).trim()
+                r.failure()
             ))),
             _ => Err(BoxError::Unavailable(format!(
                 "packing {dir} in the sandbox failed: {}",
-                String::from_utf8_lossy(&r.stderr).trim()
+                r.failure()
             ))),
         }
     }

@@ -114,23 +114,13 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
         )));
         return out;
     }
-    let value: serde_json::Value = match serde_saphyr::from_str(yaml) {
-        Ok(v) => v,
-        Err(e) => {
-            out.problems.push(path_problem(format!(
-                "frontmatter is not valid YAML: {}",
-                first_line(&e.to_string())
-            )));
+    let map = match parse_yaml_mapping(yaml) {
+        Ok(map) => map,
+        Err(m) => {
+            out.problems.push(path_problem(m));
             return out;
         }
     };
-    let serde_json::Value::Object(map) = value else {
-        out.problems.push(path_problem(
-            "frontmatter must be a YAML mapping of keys to values".into(),
-        ));
-        return out;
-    };
-
     let mut fm = Frontmatter {
         name: String::new(),
         description: String::new(),
@@ -144,14 +134,15 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
     let mut string_field =
         |key: &str, max_chars: Option<usize>, required: bool| -> Option<String> {
             match map.get(key) {
-                None | Some(serde_json::Value::Null) if required => {
+                None | Some(Yaml::Null) if required => {
                     problems.push(Problem::at_field(key, "is required"));
                     None
                 }
-                None | Some(serde_json::Value::Null) => None,
-                Some(serde_json::Value::String(s)) => {
+                None | Some(Yaml::Null) => None,
+                Some(Yaml::Str(s)) => {
                     let chars = s.chars().count();
-                    if required && s.trim().is_empty() {
+                    // `compatibility` is 1–500 characters when present (SPEC §3).
+                    if (required || key == "compatibility") && s.trim().is_empty() {
                         problems.push(Problem::at_field(key, "must not be empty"));
                     } else if let Some(max) = max_chars.filter(|max| chars > *max) {
                         problems.push(Problem::at_field(
@@ -164,7 +155,7 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
                 Some(other) => {
                     problems.push(Problem::at_field(
                         key,
-                        format!("must be a string, found {}", json_kind(other)),
+                        format!("must be a string, found {}", other.kind()),
                     ));
                     None
                 }
@@ -186,19 +177,21 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
             ));
     }
     match map.get("metadata") {
-        None | Some(serde_json::Value::Null) => {}
-        Some(serde_json::Value::Object(m)) => {
+        None | Some(Yaml::Null) => {}
+        Some(Yaml::Map(m)) => {
+            // Plain scalars (`version: 1.0`) keep their source text, as a string.
+            let source = metadata_source_text(yaml);
             for (k, v) in m {
-                match v {
-                    serde_json::Value::String(s) => {
+                match (v, source.get(k)) {
+                    (Yaml::Str(s), _) => {
                         fm.metadata.insert(k.clone(), s.clone());
                     }
-                    other => out.problems.push(Problem::at_field(
+                    (Yaml::Bool(_) | Yaml::Num(_), Some(Some(text))) => {
+                        fm.metadata.insert(k.clone(), text.clone());
+                    }
+                    (other, _) => out.problems.push(Problem::at_field(
                         format!("metadata.{k}"),
-                        format!(
-                            "must be a string, found {} (quote the value)",
-                            json_kind(other)
-                        ),
+                        format!("must be a string, found {} (quote the value)", other.kind()),
                     )),
                 }
             }
@@ -207,7 +200,7 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
             "metadata",
             format!(
                 "must be a mapping of strings to strings, found {}",
-                json_kind(other)
+                other.kind()
             ),
         )),
     }
@@ -217,7 +210,7 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
                 k.clone(),
                 "unknown frontmatter key (kept as is)",
             ));
-            fm.unknown.insert(k.clone(), v.clone());
+            fm.unknown.insert(k.clone(), v.to_json());
         }
     }
     if out.problems.is_empty() {
@@ -235,15 +228,152 @@ fn first_line(s: &str) -> &str {
     s.lines().next().unwrap_or(s)
 }
 
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "a list",
-        serde_json::Value::Object(_) => "a mapping",
+/// A YAML node under the YAML 1.2 core schema (`yes`/`on` are strings; `.inf` is a float).
+#[derive(Debug, Clone, PartialEq)]
+enum Yaml {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Seq(Vec<Yaml>),
+    Map(BTreeMap<String, Yaml>),
+}
+
+impl Yaml {
+    fn kind(&self) -> &'static str {
+        match self {
+            Yaml::Null => "null",
+            Yaml::Bool(_) => "a boolean",
+            Yaml::Num(_) => "a number",
+            Yaml::Str(_) => "a string",
+            Yaml::Seq(_) => "a list",
+            Yaml::Map(_) => "a mapping",
+        }
     }
+
+    /// As JSON, for unknown keys kept in the frontmatter (a non-finite number as its text).
+    fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as V;
+        match self {
+            Yaml::Null => V::Null,
+            Yaml::Bool(b) => V::Bool(*b),
+            Yaml::Num(n) => serde_json::Number::from_f64(*n)
+                .map(|x| {
+                    if n.fract() == 0.0 && n.abs() < 9.0e15 {
+                        V::from(*n as i64)
+                    } else {
+                        V::Number(x)
+                    }
+                })
+                .unwrap_or_else(|| V::String(n.to_string())),
+            Yaml::Str(s) => V::String(s.clone()),
+            Yaml::Seq(v) => V::Array(v.iter().map(Yaml::to_json).collect()),
+            Yaml::Map(m) => V::Object(m.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Yaml {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Yaml;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a YAML value")
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Yaml, E> {
+                Ok(Yaml::Bool(b))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Yaml, E> {
+                Ok(Yaml::Num(n as f64))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Yaml, E> {
+                Ok(Yaml::Num(n as f64))
+            }
+            fn visit_i128<E>(self, n: i128) -> Result<Yaml, E> {
+                Ok(Yaml::Num(n as f64))
+            }
+            fn visit_u128<E>(self, n: u128) -> Result<Yaml, E> {
+                Ok(Yaml::Num(n as f64))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Yaml, E> {
+                Ok(Yaml::Num(n))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Yaml, E> {
+                Ok(Yaml::Str(s.to_string()))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Yaml, E> {
+                Ok(Yaml::Str(s))
+            }
+            fn visit_unit<E>(self) -> Result<Yaml, E> {
+                Ok(Yaml::Null)
+            }
+            fn visit_none<E>(self) -> Result<Yaml, E> {
+                Ok(Yaml::Null)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Yaml, D::Error> {
+                Yaml::deserialize(d)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Yaml, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = a.next_element()? {
+                    v.push(x);
+                }
+                Ok(Yaml::Seq(v))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Yaml, A::Error> {
+                let mut m = BTreeMap::new();
+                while let Some((k, v)) = a.next_entry::<KeyText, Yaml>()? {
+                    m.insert(k.0, v);
+                }
+                Ok(Yaml::Map(m))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A mapping key, as its text (`1: x` has the key "1").
+struct KeyText(String);
+
+impl<'de> Deserialize<'de> for KeyText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(KeyText(String::deserialize(d)?))
+    }
+}
+
+/// The YAML 1.2 core schema: `yes`, `on`, `y` … are strings; `.inf` and `.nan` are numbers.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+        non_finite_float_policy: serde_saphyr::options::NonFiniteFloatPolicy::PassThrough,
+    }
+}
+
+/// The frontmatter as a mapping, or why it is not one.
+fn parse_yaml_mapping(yaml: &str) -> Result<BTreeMap<String, Yaml>, String> {
+    match serde_saphyr::from_str_with_options::<Yaml>(yaml, yaml_options()) {
+        Ok(Yaml::Map(m)) => Ok(m),
+        Ok(_) => Err("frontmatter must be a YAML mapping of keys to values".into()),
+        Err(e) => Err(format!(
+            "frontmatter is not valid YAML: {}",
+            first_line(&e.to_string())
+        )),
+    }
+}
+
+/// `metadata`'s scalar values as their source text (`1.0` stays "1.0", not 1); empty when
+/// `metadata` holds anything but scalars (then the typed pass reports it).
+fn metadata_source_text(yaml: &str) -> BTreeMap<String, Option<String>> {
+    #[derive(Deserialize)]
+    struct OnlyMetadata {
+        #[serde(default)]
+        metadata: Option<BTreeMap<String, Option<String>>>,
+    }
+    serde_saphyr::from_str_with_options::<OnlyMetadata>(yaml, yaml_options())
+        .ok()
+        .and_then(|m| m.metadata)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -279,7 +409,7 @@ mod tests {
     #[test]
     fn all_problems_reported() {
         let p = parse(&format!(
-            "---\nname: Bad_Name\ndescription: {}\ncompatibility: {}\nmetadata:\n  v: 1\nlicense: [a]\n---\n",
+            "---\nname: Bad_Name\ndescription: {}\ncompatibility: {}\nmetadata:\n  v: [1]\nlicense: [a]\n---\n",
             "d".repeat(1025),
             "c".repeat(501)
         ));
@@ -352,5 +482,54 @@ mod tests {
             50,
         );
         assert!(p.problems[0].message.contains("limit"));
+    }
+
+    #[test]
+    fn yaml_1_2_core_schema() {
+        // YAML 1.1 booleans are strings; `on` is even a valid name.
+        let p = parse("---\nname: on\ndescription: yes\nlicense: off\n---\n");
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        let fm = p.skill.unwrap().frontmatter;
+        assert_eq!((fm.name.as_str(), fm.description.as_str()), ("on", "yes"));
+        assert_eq!(fm.license.as_deref(), Some("off"));
+        // A non-finite float is a number where a string is expected: reported by field.
+        let p = parse("---\nname: demo\ndescription: .inf\n---\n");
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert_eq!(p.problems[0].field.as_deref(), Some("description"));
+        assert!(
+            p.problems[0].message.contains("a number"),
+            "{:?}",
+            p.problems
+        );
+        let p = parse("---\nname: true\ndescription: d\n---\n");
+        assert_eq!(p.problems[0].field.as_deref(), Some("name"));
+        assert!(
+            p.problems[0].message.contains("a boolean"),
+            "{:?}",
+            p.problems
+        );
+    }
+
+    #[test]
+    fn metadata_plain_scalars_keep_their_source_text() {
+        let p = parse(
+            "---\nname: demo\ndescription: d\nmetadata:\n  version: 1.0\n  build: 010\n  flag: yes\n  on: true\n  q: \"2.50\"\n---\n",
+        );
+        assert!(p.problems.is_empty(), "{:?}", p.problems);
+        let m = p.skill.unwrap().frontmatter.metadata;
+        assert_eq!(m["version"], "1.0");
+        assert_eq!(m["build"], "010");
+        assert_eq!(m["flag"], "yes");
+        assert_eq!(m["on"], "true");
+        assert_eq!(m["q"], "2.50");
+        let p = parse("---\nname: demo\ndescription: d\nmetadata:\n  nested: [1]\n---\n");
+        assert_eq!(p.problems[0].field.as_deref(), Some("metadata.nested"));
+    }
+
+    #[test]
+    fn empty_compatibility_is_refused() {
+        let p = parse("---\nname: demo\ndescription: d\ncompatibility: \"\"\n---\n");
+        assert_eq!(p.problems.len(), 1, "{:?}", p.problems);
+        assert_eq!(p.problems[0].field.as_deref(), Some("compatibility"));
     }
 }

@@ -400,6 +400,27 @@ pub fn extract_tar(
         if !c.count_entry() {
             break;
         }
+        // A PAX record the reader cannot parse is otherwise skipped, and the entry stored under
+        // its plain header name: a path other than the one the archive's writer meant.
+        match entry.pax_extensions() {
+            Ok(Some(records)) => {
+                if let Some(Err(e)) = records.into_iter().find(|r| r.is_err()) {
+                    let name = display_path(&entry.header().path_bytes());
+                    c.abort(Problem::at_path(
+                        name,
+                        format!("malformed PAX extended header: {e}"),
+                    ));
+                    break;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                c.abort(Problem::general(format!(
+                    "malformed PAX extended header: {e}"
+                )));
+                break;
+            }
+        }
         let raw = entry.path_bytes().into_owned();
         let kind = entry.header().entry_type();
         use tar::EntryType as T;
@@ -462,6 +483,27 @@ pub fn extract_zip(reader: impl Read + Seek, dest: &Path, limits: &Limits) -> io
             return Ok(c.finish(dest, true));
         }
     };
+    if archive.has_duplicate_names() {
+        // The zip reader keeps only the last entry of a name: which ones repeat is read from
+        // the central directory itself, so every duplicate is named.
+        let start = archive.central_directory_start();
+        let mut reader = archive.into_inner();
+        let names = central_directory_names(&mut reader, start).unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        let mut reported = std::collections::HashSet::new();
+        for name in names {
+            if !seen.insert(name.clone()) && reported.insert(name.clone()) {
+                c.problems
+                    .push(Problem::at_path(display_path(&name), "duplicate entry"));
+            }
+        }
+        if c.problems.is_empty() {
+            c.problems
+                .push(Problem::general("archive has duplicate entry names"));
+        }
+        c.aborted = true;
+        return Ok(c.finish(dest, true));
+    }
     if archive.len() > limits.max_archive_entries {
         c.abort(Problem::general(format!(
             "archive has {} entries; the limit is {}",
@@ -535,6 +577,24 @@ pub fn extract_zip(reader: impl Read + Seek, dest: &Path, limits: &Limits) -> io
         }
     }
     Ok(c.finish(dest, true))
+}
+
+/// The raw entry names of a zip's central directory, in order, duplicates included (at most
+/// 65,536 of them).
+fn central_directory_names(r: &mut (impl Read + Seek), start: u64) -> io::Result<Vec<Vec<u8>>> {
+    const SIGNATURE: [u8; 4] = [0x50, 0x4b, 0x01, 0x02];
+    r.seek(io::SeekFrom::Start(start))?;
+    let mut names = Vec::new();
+    let mut header = [0u8; 46];
+    while names.len() < 65_536 && read_up_to(r, &mut header)? == 46 && header[..4] == SIGNATURE {
+        let field = |at: usize| u16::from_le_bytes([header[at], header[at + 1]]) as usize;
+        let (name_len, extra_len, comment_len) = (field(28), field(30), field(32));
+        let mut name = vec![0u8; name_len];
+        r.read_exact(&mut name)?;
+        r.seek(io::SeekFrom::Current((extra_len + comment_len) as i64))?;
+        names.push(name);
+    }
+    Ok(names)
 }
 
 /// Reads an archive file of any accepted format into `dest`.

@@ -61,9 +61,14 @@ fn is_forbidden_char(c: char) -> bool {
     c == '\\' || (c as u32) <= 0x1f || c == '\u{7f}'
 }
 
-/// Unicode default case folding, as used for collision checks.
+/// The form two paths share when they collide: Unicode canonical caseless matching
+/// (NFD, default case folding, NFD again), so `A.md`/`a.md` and `café.md` composed/decomposed
+/// (equal after NFC normalization) are one name, as on case-insensitive or normalizing file
+/// systems.
 pub fn case_fold(s: &str) -> String {
-    caseless::default_case_fold_str(s)
+    use unicode_normalization::UnicodeNormalization;
+    let folded = caseless::default_case_fold_str(&s.nfd().collect::<String>());
+    folded.nfd().collect()
 }
 
 /// Tracks the paths of one package and reports collisions: exact duplicates, paths equal under
@@ -89,7 +94,7 @@ impl PathSet {
             Some((_, true)) => Err(format!("'{path}' is both a file and a directory")),
             Some((other, false)) if other == path => Err("duplicate entry".into()),
             Some((other, false)) => Err(format!(
-                "collides with '{other}' under Unicode case folding"
+                "collides with '{other}' under Unicode case folding and normalization"
             )),
             None => {
                 self.seen.insert(folded, (path.to_string(), false));
@@ -119,7 +124,7 @@ impl PathSet {
         match self.seen.get(&folded) {
             Some((_, false)) => Err(format!("'{dir}' is both a file and a directory")),
             Some((other, true)) if other != dir => Err(format!(
-                "directory '{dir}' collides with '{other}' under Unicode case folding"
+                "directory '{dir}' collides with '{other}' under Unicode case folding and normalization"
             )),
             Some(_) => Ok(()),
             None => {

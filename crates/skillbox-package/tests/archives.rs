@@ -566,3 +566,92 @@ fn nix_is_root() -> bool {
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)
 }
+
+/// A zip holding `SKILL.md` twice: written under two names of one length, then the second
+/// renamed in place (the zip writer itself refuses duplicates).
+fn zip_with_duplicate_skill_md(second: &[u8]) -> Vec<u8> {
+    let bytes = zip_of(&[
+        ("SKILL.md", SKILL_MD_OK.as_bytes(), 0o644),
+        ("SKILL.mX", second, 0o644),
+    ]);
+    let mut out = bytes.clone();
+    let (from, to) = (b"SKILL.mX", b"SKILL.md");
+    let mut i = 0;
+    while i + from.len() <= out.len() {
+        if &out[i..i + from.len()] == from {
+            out[i..i + from.len()].copy_from_slice(to);
+        }
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn zip_duplicate_entries_are_refused_by_name() {
+    let evil = b"---\nname: demo\ndescription: replaced\n---\nother instructions\n";
+    let (root, result) = run_archive(&zip_with_duplicate_skill_md(evil));
+    let rejection = result.expect_err("a zip with two SKILL.md must be refused");
+    assert!(
+        rejection
+            .problems
+            .iter()
+            .any(|p| p.path.as_deref() == Some("SKILL.md") && p.message == "duplicate entry"),
+        "{:?}",
+        rejection.problems
+    );
+    assert_contained(root.path());
+}
+
+#[test]
+fn paths_equal_after_nfc_normalization_collide() {
+    let composed = "caf\u{e9}.md";
+    let decomposed = "cafe\u{301}.md";
+    for bytes in [
+        raw_tar(&[
+            file("SKILL.md", SKILL_MD_OK.as_bytes()),
+            file(composed, b"a"),
+            file(decomposed, b"b"),
+        ]),
+        zip_of(&[
+            ("SKILL.md", SKILL_MD_OK.as_bytes(), 0o644),
+            (composed, b"a", 0o644),
+            (decomposed, b"b", 0o644),
+        ]),
+    ] {
+        let (_root, result) = run_archive(&bytes);
+        let rejection = result.expect_err("composed and decomposed café.md collide");
+        assert!(
+            rejection
+                .problems
+                .iter()
+                .any(|p| p.path.as_deref() == Some(decomposed) && p.message.contains("collides")),
+            "{:?}",
+            rejection.problems
+        );
+    }
+}
+
+#[test]
+fn malformed_pax_records_are_refused() {
+    // A PAX header whose record claims an absurd length: the plain name must not be used.
+    let pax = RawEntry {
+        name: b"PaxHeaders/evil".to_vec(),
+        kind: EntryType::XHeader,
+        data: b"99999999999 path=evil.md\n".to_vec(),
+        mode: 0o644,
+        link: vec![],
+    };
+    let bytes = raw_tar(&[
+        file("SKILL.md", SKILL_MD_OK.as_bytes()),
+        pax,
+        file("plain.md", b"x"),
+    ]);
+    let (root, result) = run_archive(&bytes);
+    let rejection = result.expect_err("a malformed PAX record must be refused");
+    assert!(
+        rejection.problems.iter().any(|p| p.message.contains("PAX")),
+        "{:?}",
+        rejection.problems
+    );
+    assert_contained(root.path());
+}

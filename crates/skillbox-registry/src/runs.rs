@@ -595,6 +595,7 @@ impl Registry {
             return Err(run_state_error(run_id, &view.state));
         }
         let mut entries = Vec::new();
+        let mut locations = Vec::new();
         let ids = sqlx::query(
             "SELECT skill_name, skill_id FROM run_skills WHERE run_id = $1 ORDER BY skill_name",
         )
@@ -603,7 +604,8 @@ impl Registry {
         .await?;
         for r in ids {
             let (name, id): (String, String) = (r.try_get(0)?, r.try_get(1)?);
-            let revision = match view.activations.iter().find(|p| p.skill_id == id) {
+            let pinned = view.activations.iter().find(|p| p.skill_id == id);
+            let revision = match pinned {
                 Some(p) => Some(p.revision),
                 None => match self.meta.skill_by_id(&id).await? {
                     Some(s) if s.state == "active" && s.current_revision > 0 => {
@@ -619,17 +621,30 @@ impl Registry {
                     .get("description")
                     .and_then(|d| d.as_str())
                     .unwrap_or("")
+                    .trim()
                     .to_string();
+                // A pinned skill's instructions are at a fixed path in the run's sandbox.
+                let location =
+                    pinned.map(|p| format!("{}/SKILL.md", mount_path(&p.skill_id, p.revision)));
+                locations.push(location);
                 entries.push((name, desc));
             }
         }
+        // No skill, no block: an empty index would only tell the model there is nothing.
+        if entries.is_empty() {
+            return Ok((String::new(), entries));
+        }
         let mut text = String::from("<available_skills>\n");
-        for (name, desc) in &entries {
+        for ((name, desc), location) in entries.iter().zip(&locations) {
             text.push_str(&format!(
-                "<skill>\n<name>{}</name>\n<description>{}</description>\n</skill>\n",
+                "<skill>\n<name>{}</name>\n<description>{}</description>\n",
                 xml_escape(name),
                 xml_escape(desc)
             ));
+            if let Some(location) = location {
+                text.push_str(&format!("<location>{}</location>\n", xml_escape(location)));
+            }
+            text.push_str("</skill>\n");
         }
         text.push_str("</available_skills>\n");
         Ok((text, entries))

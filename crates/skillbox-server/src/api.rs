@@ -1,9 +1,10 @@
 //! Route handlers. Each: authenticate, authorize for the workspace, call the registry.
 
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::{AppState, SharedState};
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -87,6 +88,13 @@ pub fn routes() -> Router<SharedState> {
         .route("/v1/admin/fsck", post(fsck))
         .layer(axum::extract::DefaultBodyLimit::max(2 * 1024 * 1024))
         .fallback(|| async { ApiError::not_found("no such route; see /openapi.json") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method; see /openapi.json",
+            )
+        })
 }
 
 /// Serializes an answer body.
@@ -122,6 +130,12 @@ async fn authorize(
     role: Role,
 ) -> ApiResult<Principal> {
     let p = principal(state, headers).await?;
+    if !skillbox_package::is_valid_name(ws) {
+        return Err(ApiError::bad_request(format!(
+            "invalid workspace name {:?}: 1-64 characters of a-z, 0-9 and single hyphens",
+            truncated(ws, 80)
+        )));
+    }
     match &p {
         Principal::ServerAdmin => {}
         Principal::Workspace {
@@ -141,6 +155,14 @@ async fn authorize(
         }
     }
     Ok(p)
+}
+
+/// At most `max` characters of `s` (an echoed input stays short).
+fn truncated(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
 }
 
 async fn authorize_server_admin(state: &AppState, headers: &HeaderMap) -> ApiResult<()> {
@@ -223,7 +245,7 @@ async fn openapi() -> Json<Value> {
 
 async fn list_skills(
     State(s): State<SharedState>,
-    Path(ws): Path<String>,
+    ApiPath(ws): ApiPath<String>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -233,7 +255,7 @@ async fn list_skills(
 
 async fn skill_detail(
     State(s): State<SharedState>,
-    Path((ws, name)): Path<(String, String)>,
+    ApiPath((ws, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -245,7 +267,7 @@ async fn skill_detail(
 
 async fn delete_skill(
     State(s): State<SharedState>,
-    Path((ws, name)): Path<(String, String)>,
+    ApiPath((ws, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Admin).await?;
@@ -262,8 +284,8 @@ struct PublishQuery {
 
 async fn publish(
     State(s): State<SharedState>,
-    Path((ws, name)): Path<(String, String)>,
-    Query(q): Query<PublishQuery>,
+    ApiPath((ws, name)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<PublishQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
@@ -353,7 +375,7 @@ async fn spool(body: Body, path: &std::path::Path, cap: u64) -> ApiResult<()> {
 
 async fn list_revisions(
     State(s): State<SharedState>,
-    Path((ws, name)): Path<(String, String)>,
+    ApiPath((ws, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -363,7 +385,7 @@ async fn list_revisions(
 
 async fn revision_detail(
     State(s): State<SharedState>,
-    Path((ws, name, rev)): Path<(String, String, String)>,
+    ApiPath((ws, name, rev)): ApiPath<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -403,7 +425,7 @@ fn content_type_for(path: &str) -> &'static str {
 
 async fn revision_file(
     State(s): State<SharedState>,
-    Path((ws, name, rev, path)): Path<(String, String, String, String)>,
+    ApiPath((ws, name, rev, path)): ApiPath<(String, String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -455,7 +477,7 @@ pub(crate) async fn file_response(
 
 async fn revision_archive(
     State(s): State<SharedState>,
-    Path((ws, name, rev)): Path<(String, String, String)>,
+    ApiPath((ws, name, rev)): ApiPath<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -490,9 +512,9 @@ struct MoveCurrent {
 
 async fn move_current(
     State(s): State<SharedState>,
-    Path((ws, name)): Path<(String, String)>,
+    ApiPath((ws, name)): ApiPath<(String, String)>,
     headers: HeaderMap,
-    Json(body): Json<MoveCurrent>,
+    ApiJson(body): ApiJson<MoveCurrent>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Author).await?;
     let r = s
@@ -517,9 +539,9 @@ struct CreateDraft {
 
 async fn create_draft(
     State(s): State<SharedState>,
-    Path(ws): Path<String>,
+    ApiPath(ws): ApiPath<String>,
     headers: HeaderMap,
-    Json(body): Json<CreateDraft>,
+    ApiJson(body): ApiJson<CreateDraft>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&s, &headers, &ws, Role::Author).await?;
     let d = s
@@ -534,7 +556,7 @@ async fn create_draft(
 
 async fn draft_detail(
     State(s): State<SharedState>,
-    Path((ws, id)): Path<(String, String)>,
+    ApiPath((ws, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -553,9 +575,9 @@ struct Rebase {
 
 async fn rebase_draft(
     State(s): State<SharedState>,
-    Path((ws, id)): Path<(String, String)>,
+    ApiPath((ws, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
-    Json(body): Json<Rebase>,
+    ApiJson(body): ApiJson<Rebase>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Author).await?;
     let d = s
@@ -569,7 +591,7 @@ async fn rebase_draft(
 
 async fn delete_draft(
     State(s): State<SharedState>,
-    Path((ws, id)): Path<(String, String)>,
+    ApiPath((ws, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     authorize(&s, &headers, &ws, Role::Author).await?;
@@ -579,7 +601,7 @@ async fn delete_draft(
 
 async fn draft_file_get(
     State(s): State<SharedState>,
-    Path((ws, id, path)): Path<(String, String, String)>,
+    ApiPath((ws, id, path)): ApiPath<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -603,8 +625,8 @@ struct PutFileQuery {
 
 async fn draft_file_put(
     State(s): State<SharedState>,
-    Path((ws, id, path)): Path<(String, String, String)>,
-    Query(q): Query<PutFileQuery>,
+    ApiPath((ws, id, path)): ApiPath<(String, String, String)>,
+    ApiQuery(q): ApiQuery<PutFileQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Json<Value>> {
@@ -622,7 +644,7 @@ async fn draft_file_put(
 
 async fn draft_file_delete(
     State(s): State<SharedState>,
-    Path((ws, id, path)): Path<(String, String, String)>,
+    ApiPath((ws, id, path)): ApiPath<(String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<StatusCode> {
     authorize(&s, &headers, &ws, Role::Author).await?;
@@ -632,7 +654,7 @@ async fn draft_file_delete(
 
 async fn publish_draft(
     State(s): State<SharedState>,
-    Path((ws, id)): Path<(String, String)>,
+    ApiPath((ws, id)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     let who = authorize(&s, &headers, &ws, Role::Author).await?;
@@ -683,8 +705,8 @@ fn yes() -> bool {
 /// noticed through an in-process signal, and by polling for writers in other processes.
 async fn events(
     State(s): State<SharedState>,
-    Path(ws): Path<String>,
-    Query(q): Query<EventsQuery>,
+    ApiPath(ws): ApiPath<String>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Reader).await?;
@@ -755,7 +777,7 @@ struct CreateToken {
 async fn create_token(
     State(s): State<SharedState>,
     headers: HeaderMap,
-    Json(body): Json<CreateToken>,
+    ApiJson(body): ApiJson<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize_server_admin(&s, &headers).await?;
     let role = Role::parse(&body.role).ok_or_else(|| {
@@ -786,9 +808,9 @@ struct RevokeBody {
 
 async fn revoke(
     State(s): State<SharedState>,
-    Path((ws, name, rev)): Path<(String, String, String)>,
+    ApiPath((ws, name, rev)): ApiPath<(String, String, String)>,
     headers: HeaderMap,
-    Json(body): Json<RevokeBody>,
+    ApiJson(body): ApiJson<RevokeBody>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Admin).await?;
     let revision = match rev.parse::<RevSel>()? {
@@ -817,12 +839,12 @@ struct CreateRun {
 
 async fn create_run(
     State(s): State<SharedState>,
-    Path(ws): Path<String>,
+    ApiPath(ws): ApiPath<String>,
     headers: HeaderMap,
-    body: Option<Json<CreateRun>>,
+    body: Option<ApiJson<CreateRun>>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
-    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let body = body.map(|ApiJson(b)| b).unwrap_or_default();
     let run = s
         .registry
         .create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable)
@@ -832,7 +854,7 @@ async fn create_run(
 
 async fn run_detail(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
@@ -842,7 +864,7 @@ async fn run_detail(
 
 async fn finish_run(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
@@ -853,7 +875,7 @@ async fn finish_run(
 
 async fn heartbeat(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
@@ -869,9 +891,9 @@ struct ActivateBody {
 
 async fn activate(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
     headers: HeaderMap,
-    Json(body): Json<ActivateBody>,
+    ApiJson(body): ApiJson<ActivateBody>,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let a = s
@@ -883,7 +905,7 @@ async fn activate(
 
 async fn pinned_file(
     State(s): State<SharedState>,
-    Path((ws, run, name, path)): Path<(String, String, String, String)>,
+    ApiPath((ws, run, name, path)): ApiPath<(String, String, String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
@@ -893,7 +915,7 @@ async fn pinned_file(
 
 async fn prompt(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
@@ -917,6 +939,39 @@ struct ExecBody {
     stdin: Option<String>,
 }
 
+/// What the kernel cannot take (a NUL ends a C string; `=` ends an environment name) is refused
+/// here, naming the field, instead of failing in the sandbox.
+fn check_exec_body(body: &ExecBody) -> ApiResult<()> {
+    let nul = |field: String| {
+        Err(ApiError::bad_request(format!(
+            "{field} contains a NUL byte, which no program can receive"
+        )))
+    };
+    for (i, arg) in body.argv.iter().flatten().enumerate() {
+        if arg.contains('\0') {
+            return nul(format!("argv[{i}]"));
+        }
+    }
+    if body.command.as_deref().is_some_and(|c| c.contains('\0')) {
+        return nul("command".into());
+    }
+    if body.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
+        return nul("cwd".into());
+    }
+    for (name, value) in &body.env {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(ApiError::bad_request(format!(
+                "env: {:?} is not a variable name (names are non-empty, without '=' or NUL)",
+                truncated(name, 80)
+            )));
+        }
+        if value.contains('\0') {
+            return nul(format!("env[{:?}]", truncated(name, 80)));
+        }
+    }
+    Ok(())
+}
+
 const MAX_TIMEOUT_MS: u64 = 600_000;
 const OUTPUT_CAP: usize = 1024 * 1024;
 
@@ -931,12 +986,13 @@ struct ExecQuery {
 /// arrives, then one `{"type":"exit",…}` (or `{"type":"error","error":…}`) line.
 async fn exec(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
-    Query(q): Query<ExecQuery>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<ExecQuery>,
     headers: HeaderMap,
-    Json(body): Json<ExecBody>,
+    ApiJson(body): ApiJson<ExecBody>,
 ) -> ApiResult<Response> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
+    check_exec_body(&body)?;
     let (view, pins) = s.registry.exec_context(&ws, &run).await?;
     let sandbox_rt = running_box(&s)?;
     let caps = sandbox_rt.backend.capabilities();
@@ -1089,6 +1145,19 @@ fn box_error(e: skillbox_box::BoxError) -> ApiError {
             "dependency_build_failed",
             m,
         ),
+        B::SpecialFiles(paths) => skillbox_registry::RegistryError::InvalidPackage {
+            problems: paths
+                .into_iter()
+                .map(|p| {
+                    skillbox_package::Problem::at_path(
+                        p,
+                        "only regular files and directories are allowed (this is a socket)",
+                    )
+                })
+                .collect(),
+            warnings: vec![],
+        }
+        .into(),
         B::Io(e) => ApiError::internal(format!("sandbox: {e}")),
     }
 }
@@ -1131,9 +1200,9 @@ fn workspace_sandbox(s: &AppState, run: &str) -> skillbox_box::Sandbox {
 /// `/workspace/skill-drafts/<draft-id>/` in the run's sandbox.
 async fn run_draft(
     State(s): State<SharedState>,
-    Path((ws, run)): Path<(String, String)>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
     headers: HeaderMap,
-    Json(body): Json<RunDraftBody>,
+    ApiJson(body): ApiJson<RunDraftBody>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
     authorize(&s, &headers, &ws, Role::Runner).await?;
     let sandbox_rt = running_box(&s)?;
@@ -1173,10 +1242,10 @@ struct GcBody {
 async fn gc(
     State(s): State<SharedState>,
     headers: HeaderMap,
-    body: Option<Json<GcBody>>,
+    body: Option<ApiJson<GcBody>>,
 ) -> ApiResult<Json<Value>> {
     authorize_server_admin(&s, &headers).await?;
-    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let body = body.map(|ApiJson(b)| b).unwrap_or_default();
     let grace =
         std::time::Duration::from_secs(body.grace_seconds.unwrap_or(s.cfg.gc_grace.as_secs()));
     let report = s.registry.gc(body.dry_run, grace).await?;

@@ -9,6 +9,7 @@
 
 mod api;
 pub mod error;
+pub mod extract;
 pub mod metrics;
 pub mod openapi;
 
@@ -29,6 +30,26 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Default grace period of garbage collection.
     pub gc_grace: Duration,
+    pub connections: ConnectionLimits,
+}
+
+/// What one client may hold of the server's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections open at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers (and to start the next request
+    /// on a kept-alive connection).
+    pub header_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 pub struct AppState {
@@ -59,8 +80,15 @@ impl AppState {
                 let mut ids: Vec<String> =
                     std::fs::read_dir(self.registry.data_dir().join("box/workspaces"))
                         .map(|rd| {
+                            // A workspace is a directory and, with a quota, its image beside
+                            // it (`<run>.ext4`, `<run>.ext4.new` while made): all name the run.
                             rd.flatten()
-                                .map(|e| e.file_name().to_string_lossy().into_owned())
+                                .map(|e| {
+                                    let name = e.file_name().to_string_lossy().into_owned();
+                                    name.trim_end_matches(".new")
+                                        .trim_end_matches(".ext4")
+                                        .to_string()
+                                })
                                 .collect()
                         })
                         .unwrap_or_default();
@@ -113,7 +141,7 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
         Ok(r) => r,
         Err(_) => error::ApiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "internal",
+            "timeout",
             format!("request took longer than {:?}", state.cfg.request_timeout),
         )
         .into_response(),
@@ -193,7 +221,57 @@ pub async fn serve(
     state: SharedState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = state.cfg.connections;
+    let app = router(state);
+    // Every open connection holds a permit: past the bound, new connections wait in the
+    // listen backlog instead of costing a task and buffers each.
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = &mut shutdown => break,
+        };
+        let (stream, _peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors, say: wait rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            // A client that does not finish its request headers in time is dropped
+            // (slowloris); so is one idle between requests for as long.
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades();
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    // In-flight requests finish: every connection task returns its permit.
+    let _ = permits
+        .acquire_many(limits.max_connections.max(1) as u32)
+        .await;
+    Ok(())
 }

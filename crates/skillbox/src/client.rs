@@ -175,6 +175,9 @@ pub enum RunCommand {
         run: String,
         #[arg(long)]
         skill: Option<String>,
+        /// Kill the command after this many milliseconds (exit status 124).
+        #[arg(long)]
+        timeout_ms: Option<u64>,
         #[arg(trailing_var_arg = true, required = true)]
         argv: Vec<String>,
     },
@@ -191,6 +194,39 @@ pub enum TokenCommand {
         role: String,
     },
 }
+
+/// A refusal decided here, before the server is asked (an invalid package): exit status 1,
+/// like the server's refusal of the same package, and printed the same way.
+#[derive(Debug)]
+pub struct LocalRefusal {
+    /// `{"error": {"code", "message", "problems"}}`, as the server would answer.
+    pub body: Value,
+}
+
+impl LocalRefusal {
+    pub fn invalid_package(r: &skillbox_package::Rejection) -> Self {
+        LocalRefusal {
+            body: json!({"error": {
+                "code": "invalid_package",
+                "message": format!("the package is invalid: {} problem(s)", r.problems.len()),
+                "problems": r.problems,
+                "warnings": r.warnings,
+            }}),
+        }
+    }
+}
+
+impl std::fmt::Display for LocalRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ServerError {
+            status: 422,
+            body: self.body.clone(),
+        }
+        .fmt(f)
+    }
+}
+
+impl std::error::Error for LocalRefusal {}
 
 /// A server error, shown with its code and details; exit status 1.
 #[derive(Debug)]
@@ -313,6 +349,22 @@ fn split_spec(spec: &str) -> (&str, &str) {
     spec.split_once('@').unwrap_or((spec, "current"))
 }
 
+/// The exit status `run exec` ends with, as a shell would report the command: its exit code,
+/// 124 when it timed out (as `timeout(1)`), 128+N when signal N killed it.
+fn command_status(v: &Value) -> u8 {
+    if v["timed_out"].as_bool() == Some(true) {
+        return 124;
+    }
+    if let Some(code) = v["exit_code"].as_i64() {
+        return (code & 0xff) as u8;
+    }
+    match v["signal"].as_i64() {
+        Some(sig) => (128 + sig).clamp(0, 255) as u8,
+        // Killed by a revocation, or the sandbox failed: not the command's own status.
+        None => 125,
+    }
+}
+
 fn print(json_mode: bool, v: &Value, human: impl FnOnce() -> String) {
     if json_mode {
         println!("{v}");
@@ -414,7 +466,7 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         }
         ClientCommand::Draft(d) => draft(&c, d, j).await?,
         ClientCommand::Events { after, follow } => events(&c, after, follow, j).await?,
-        ClientCommand::Run(r) => run_cmd(&c, r, j).await?,
+        ClientCommand::Run(r) => return run_cmd(&c, r, j).await,
         ClientCommand::Revoke { spec, reason } => {
             let (name, rev) = spec
                 .split_once('@')
@@ -534,7 +586,7 @@ fn prepare_upload(
     };
     if path.is_dir() {
         let pkg = skillbox_package::check(intake::scan_dir(path, &limits)?, &opts)
-            .map_err(|r| anyhow!("{r}"))?;
+            .map_err(|r| LocalRefusal::invalid_package(&r))?;
         let tar = skillbox_package::write::write_tar(
             Vec::new(),
             &pkg.manifest,
@@ -554,7 +606,8 @@ fn prepare_upload(
         staging.path(),
         &limits,
     )?;
-    let pkg = skillbox_package::check(intake, &opts).map_err(|r| anyhow!("{r}"))?;
+    let pkg =
+        skillbox_package::check(intake, &opts).map_err(|r| LocalRefusal::invalid_package(&r))?;
     let ct = match format {
         skillbox_package::ArchiveFormat::Zip => "application/zip",
         skillbox_package::ArchiveFormat::Tar => "application/x-tar",
@@ -868,7 +921,7 @@ async fn events(c: &Client, after: i64, follow: bool, j: bool) -> anyhow::Result
     Ok(())
 }
 
-async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
+async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<ExitCode> {
     use reqwest::Method as M;
     match r {
         RunCommand::Create {
@@ -970,22 +1023,30 @@ async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
                 )
             });
         }
-        RunCommand::Exec { run, skill, argv } => {
+        RunCommand::Exec {
+            run,
+            skill,
+            timeout_ms,
+            argv,
+        } => {
             let v: Value = c
                 .send(
                     c.req(M::POST, c.ws_url(&format!("runs/{run}/exec")))
-                        .json(&json!({"skill": skill, "argv": argv})),
+                        .json(&json!({"skill": skill, "argv": argv, "timeout_ms": timeout_ms})),
                 )
                 .await?
                 .json()
                 .await?;
-            print(j, &v, || {
-                format!(
-                    "{}{}",
-                    v["stdout"].as_str().unwrap_or(""),
-                    v["stderr"].as_str().unwrap_or("")
-                )
-            });
+            if j {
+                println!("{v}");
+            } else {
+                // The command's own bytes, each stream to its own, nothing added.
+                use std::io::Write;
+                std::io::stdout().write_all(v["stdout"].as_str().unwrap_or("").as_bytes())?;
+                std::io::stdout().flush()?;
+                std::io::stderr().write_all(v["stderr"].as_str().unwrap_or("").as_bytes())?;
+            }
+            return Ok(ExitCode::from(command_status(&v)));
         }
         RunCommand::Finish { run } => {
             let v: Value = c
@@ -1002,5 +1063,5 @@ async fn run_cmd(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<()> {
             });
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

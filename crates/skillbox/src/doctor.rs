@@ -10,12 +10,25 @@ struct Probe {
     detail: String,
 }
 
-/// bubblewrap: the same probe `serve` runs before it uses the backend.
-fn probe_bwrap() -> Probe {
-    let b = skillbox_box::bwrap::Bwrap::new(crate::serve::SANDBOX_UID);
-    let (works_here, detail) = match b.probe() {
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    /// The data directory `serve` would use: the bwrap probe binds from it and makes a
+    /// workspace in it, so a layout the sandbox cannot use is found here first.
+    #[arg(long, env = "SKILLBOX_DATA_DIR", default_value = "./skillbox-data")]
+    pub data_dir: std::path::PathBuf,
+    #[command(flatten)]
+    pub sandbox: crate::serve::SandboxArgs,
+}
+
+/// bubblewrap: the same probe `serve` runs before it uses the backend, on the same data
+/// directory.
+fn probe_bwrap(a: &DoctorArgs) -> Probe {
+    let probed = crate::serve::bwrap_backend(&a.data_dir, &a.sandbox)
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|b| b.probe().map_err(|e| e.to_string()));
+    let (works_here, detail) = match probed {
         Ok(ok) => (true, ok),
-        Err(e) => (false, e.to_string()),
+        Err(e) => (false, e),
     };
     Probe {
         backend: "bwrap",
@@ -81,8 +94,8 @@ trees have no submounts, so plain read-only binds hold)"
     }
 }
 
-pub fn run(json_out: bool) -> anyhow::Result<ExitCode> {
-    let probes = [probe_bwrap(), probe_docker()];
+pub fn run(a: DoctorArgs, json_out: bool) -> anyhow::Result<ExitCode> {
+    let probes = [probe_bwrap(&a), probe_docker()];
     if json_out {
         let v: Vec<_> = probes
             .iter()

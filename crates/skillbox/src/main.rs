@@ -34,31 +34,65 @@ enum Command {
     /// Print a package's skillbox-tree-v1 digest (or, with --manifest, its canonical manifest).
     Digest(offline::DigestArgs),
     /// Probe every sandbox backend and say what works here and why not.
-    Doctor,
+    Doctor(doctor::DoctorArgs),
     /// Run the skillbox server.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     #[command(flatten)]
     Client(client::ClientCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json_out = cli.conn.json
+        || match &cli.command {
+            Command::Validate(a) => a.json,
+            Command::Digest(a) => a.json,
+            _ => false,
+        };
     let result = match cli.command {
         Command::Validate(a) => offline::validate(a),
         Command::Digest(a) => offline::digest(a),
-        Command::Serve(a) => serve::run(a),
-        Command::Doctor => doctor::run(cli.conn.json),
+        Command::Serve(a) => serve::run(*a),
+        Command::Doctor(a) => doctor::run(a, cli.conn.json),
         Command::Client(c) => client::run(cli.conn, c),
     };
     match result {
         Ok(code) => code,
-        Err(e) if e.downcast_ref::<client::ServerError>().is_some() => {
-            eprintln!("error: {e}");
-            ExitCode::from(1)
-        }
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            let (status, body, text) = describe_error(&e);
+            if json_out {
+                println!("{body}");
+            } else {
+                eprintln!("error: {text}");
+            }
+            ExitCode::from(status)
         }
     }
+}
+
+/// Exit status, `{"error": {...}}` object and text of a failed command. Refusals — by the
+/// server, or a package found invalid here — are 1; usage, local and connection errors are 2,
+/// with a local code (`connection_failed`, or `bad_request` for what was asked).
+fn describe_error(e: &anyhow::Error) -> (u8, serde_json::Value, String) {
+    if let Some(s) = e.downcast_ref::<client::ServerError>() {
+        return (1, s.body.clone(), s.to_string());
+    }
+    if let Some(r) = e.downcast_ref::<client::LocalRefusal>() {
+        return (1, r.body.clone(), r.to_string());
+    }
+    let text = format!("{e:#}");
+    let unreachable = e.chain().any(|c| {
+        c.downcast_ref::<reqwest::Error>()
+            .is_some_and(|r| r.is_connect() || r.is_timeout())
+    });
+    let code = if unreachable {
+        "connection_failed"
+    } else {
+        "bad_request"
+    };
+    (
+        2,
+        serde_json::json!({"error": {"code": code, "message": text}}),
+        text,
+    )
 }

@@ -47,9 +47,17 @@ pub struct ServeArgs {
     /// sharing an engine use different owners).
     #[arg(long, env = "SKILLBOX_DOCKER_OWNER", default_value = "skillbox")]
     pub docker_owner: String,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
+    /// Most client connections open at once (more wait in the listen backlog).
+    #[arg(long, env = "SKILLBOX_MAX_CONNECTIONS", default_value_t = skillbox_server::ConnectionLimits::default().max_connections)]
+    pub max_connections: usize,
+    /// Seconds a client may take to send a request's headers before it is dropped.
+    #[arg(long, env = "SKILLBOX_HEADER_TIMEOUT", default_value_t = 10)]
+    pub header_timeout: u64,
     /// Reject unknown SKILL.md frontmatter keys instead of warning.
     #[arg(long, env = "SKILLBOX_STRICT")]
     pub strict: bool,
@@ -74,6 +82,21 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "SKILLBOX_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+}
+
+/// Sandbox limits shared by `serve` and `doctor` (which probes with them).
+#[derive(clap::Args)]
+pub struct SandboxArgs {
+    /// Size of each sandbox's /tmp (a tmpfs: host memory), bytes.
+    #[arg(long, env = "SKILLBOX_TMP_SIZE", default_value_t = skillbox_box::bwrap::DEFAULT_TMP_BYTES)]
+    pub tmp_size: u64,
+    /// Quota of each sandbox's /workspace, bytes (an ext4 image per sandbox; 0: no quota).
+    #[arg(long, env = "SKILLBOX_WORKSPACE_QUOTA", default_value_t = skillbox_box::bwrap::DEFAULT_WORKSPACE_BYTES)]
+    pub workspace_quota: u64,
+    /// bwrap: the first host uid of the pool sandboxes run as (one uid per sandbox, so each
+    /// has its own process budget); 65,536 uids from here must belong to no one else.
+    #[arg(long, env = "SKILLBOX_SANDBOX_UID_BASE", default_value_t = 1_000_000)]
+    pub sandbox_uid_base: u32,
 }
 
 fn init_logging(format: &str) {
@@ -148,6 +171,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 max_upload_bytes: limits.max_total_size + 16 * 1024 * 1024,
                 request_timeout: std::time::Duration::from_secs(a.request_timeout),
                 gc_grace: std::time::Duration::from_secs(a.gc_grace),
+                connections: skillbox_server::ConnectionLimits {
+                    max_connections: a.max_connections,
+                    header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+                },
             },
             metrics: Default::default(),
         });
@@ -162,21 +189,27 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Makes the data directory traversable (not listable) by the sandbox uid, which resolves
-/// bind sources under it.
-fn make_traversable(data_dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(data_dir)?;
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(data_dir)?.permissions().mode();
-    if mode & 0o001 == 0 {
-        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(mode | 0o001))?;
-        tracing::info!(data_dir = %data_dir.display(), "made the data directory traversable for the sandbox uid");
-    }
-    Ok(())
-}
-
 /// The sandbox uid: `nobody`.
 pub const SANDBOX_UID: u32 = 65534;
+
+/// The bwrap backend as configured (not yet probed): its own uid per sandbox from the pool
+/// recorded under `<data-dir>/box/uids`, the `/tmp` size and the workspace quota.
+pub fn bwrap_backend(
+    data_dir: &Path,
+    a: &SandboxArgs,
+) -> anyhow::Result<skillbox_box::bwrap::Bwrap> {
+    let box_dir = data_dir.join("box");
+    let mut b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
+    b.limits.tmp_bytes = a.tmp_size;
+    b.limits.workspace_bytes = a.workspace_quota;
+    b.uids = Some(Arc::new(
+        skillbox_box::workspace::UidPool::open(box_dir.join("uids"), a.sandbox_uid_base, 65_536)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("opening the sandbox uid pool in {}", box_dir.display()))?,
+    ));
+    b.state_dir = Some(box_dir);
+    Ok(b)
+}
 
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.
@@ -195,12 +228,10 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
         build_timeout: std::time::Duration::from_secs(a.deps_build_timeout),
     };
     let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
-        let mut b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
+        let b = bwrap_backend(data_dir, &a.sandbox)?;
         let ok = b.probe().map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(backend = "bwrap", "{ok}");
-        // bwrap runs as the sandbox uid and resolves bind sources as it: the data directory
-        // must be traversable (not listable) by it.
-        make_traversable(data_dir)?;
+        let mut b = b;
         if copy_mode {
             let store = skillbox_box::prepare::PreparedStore::new(data_dir.join("box/prepared"))?;
             let swept = store.sweep()?;
@@ -227,6 +258,8 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
             };
             let mut cfg = skillbox_box::docker::DockerConfig::new(image);
             cfg.uid = SANDBOX_UID;
+            cfg.tmp_bytes = a.sandbox.tmp_size;
+            cfg.workspace_bytes = a.sandbox.workspace_quota;
             cfg.owner = a.docker_owner.clone();
             if copy_mode {
                 let dir = data_dir.join("box/prepared");
@@ -247,8 +280,6 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
                 recursive_read_only = d.recursive_read_only(),
                 "docker sandbox backend"
             );
-            // Bind sources and environment builds are resolved as the sandbox uid, as with bwrap.
-            make_traversable(data_dir)?;
             let deps = skillbox_box::deps::DepEnvs::new(data_dir.join("box/envs"), deps_cfg)?;
             Ok(Some(Arc::new(skillbox_box::BoxRuntime::new(
                 Arc::new(d),

@@ -125,10 +125,13 @@ fn cli_publishers_in_separate_processes() {
         assert_eq!(ok.len(), 1, "round {round}: {} winners", ok.len());
         for o in outcomes.iter().filter(|o| !o.status.success()) {
             assert_eq!(o.status.code(), Some(1));
-            assert!(
-                String::from_utf8_lossy(&o.stderr).contains("revision_conflict"),
+            // With --json the refusal is the server's error object, on stdout.
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            assert_eq!(
+                v["error"]["code"],
+                "revision_conflict",
                 "{}",
-                String::from_utf8_lossy(&o.stderr)
+                String::from_utf8_lossy(&o.stdout)
             );
         }
     }

@@ -216,3 +216,111 @@ fn client_commands_end_to_end() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the server"));
 }
+
+/// SPEC §6: refusals exit 1 whether the package is found invalid here or by the server; with
+/// `--json` every error is the `{"error": …}` object on stdout; `run exec` exits with the
+/// command's own status and prints its output byte-exact.
+#[test]
+fn cli_errors_and_exec_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &["--box", "bwrap"]);
+    let cli = Cli {
+        s: &s,
+        token: ADMIN.into(),
+    };
+    let work = tempfile::tempdir().unwrap();
+    let error_of = |out: &str| -> Value {
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+    };
+
+    // Invalid locally: exit 1, the same as the server's refusal of the same package.
+    let bad = work.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("SKILL.md"), "no frontmatter\n").unwrap();
+    let (code, out, err) = cli.run(&["publish", bad.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("invalid_package"), "{err}");
+    let (code, out, _) = cli.run(&["--json", "publish", bad.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert_eq!(error_of(&out)["error"]["code"], "invalid_package", "{out}");
+    assert!(
+        error_of(&out)["error"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    );
+
+    // Refused by the server: exit 1, its error object on stdout.
+    let good = work.path().join("demo");
+    std::fs::create_dir_all(&good).unwrap();
+    std::fs::write(good.join("SKILL.md"), skill_md("demo", "d")).unwrap();
+    let (code, out, _) = cli.run(&["--json", "publish", good.to_str().unwrap(), "--base", "7"]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        error_of(&out)["error"]["code"],
+        "revision_conflict",
+        "{out}"
+    );
+    let (code, out, _) = cli.run(&[
+        "--json",
+        "pull",
+        "nothing@1",
+        work.path().join("o").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(error_of(&out)["error"]["code"], "not_found", "{out}");
+
+    // Usage and connection errors: exit 2, still an error object with --json.
+    let (code, out, _) = cli.run(&["validate", "--json", "/no/such/package"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        error_of(&out)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/no/such/package")
+    );
+    let out = Command::new(bin())
+        .args([
+            "--json",
+            "--url",
+            "http://127.0.0.1:1",
+            "--token",
+            "x",
+            "skills",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        error_of(&String::from_utf8_lossy(&out.stdout))["error"]["code"],
+        "connection_failed"
+    );
+
+    // run exec: the command's status and bytes.
+    let (code, _, err) = cli.run(&["publish", good.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (_, run, _) = cli.run(&["run", "create"]);
+    let run = run.trim();
+    let (code, out, err) = cli.run(&[
+        "run",
+        "exec",
+        run,
+        "--",
+        "sh",
+        "-c",
+        "printf abc; printf err >&2; exit 3",
+    ]);
+    assert_eq!((code, out.as_str(), err.as_str()), (3, "abc", "err"));
+    let (code, _, _) = cli.run(&[
+        "run",
+        "exec",
+        run,
+        "--timeout-ms",
+        "300",
+        "--",
+        "sleep",
+        "10",
+    ]);
+    assert_eq!(code, 124, "a timeout exits 124");
+    let (code, _, _) = cli.run(&["run", "exec", run, "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(code, 128 + 9, "a signal N exits 128+N");
+}

@@ -184,7 +184,8 @@ async fn docker_runs_see_exactly_their_pins_read_only() {
         &run_a,
         Some("hello"),
         &format!(
-            "touch /skills/x 2>/dev/null && echo wrote-skills; touch scripts/run.sh 2>/dev/null && echo wrote-pkg; \
+            "touch /skills/x 2>/dev/null && echo wrote-skills; mkdir -p /skills/planted/1 2>/dev/null && echo planted; \
+             touch scripts/run.sh 2>/dev/null && echo wrote-pkg; \
              mount -o remount,rw /skills 2>/dev/null && echo remounted; id -u; grep CapEff /proc/self/status; \
              ls -d /skills/*/* | wc -l; test -e {host} && echo host-visible; \
              python3 -c \"import socket; socket.create_connection(('172.17.0.1', {port}), 2); print('CONNECTED')\" 2>/dev/null || echo no-network",
@@ -799,5 +800,120 @@ async fn docker_run_drafts_live_in_the_workspace_volume() {
             .contains(&main[0])
     );
     finish(&c, &s, &run).await;
+    owner.assert_clean();
+}
+
+/// The race behind an environment build failing under a parallel suite ("sealing the
+/// environment failed" with no reason, or pip killed with 137): the sweep that releases ended
+/// runs' sandboxes took the build's one-shot container for an ended run's and destroyed it
+/// mid-build. A build stalled in its container must outlive several sweeps (every 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_upkeep_sweep_never_destroys_a_build_in_progress() {
+    let owner = Owner::new("sweep");
+    let dir = tempfile::tempdir().unwrap();
+    let wheels = wheel_dir(dir.path(), &["1.0"]);
+    let mut args = owner.args();
+    args.extend([
+        "--deps-find-links".to_string(),
+        wheels.display().to_string(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let data = dir.path().join("data");
+    let s = Server::start(&data, &args);
+    let c = http();
+    let md = skill_md("py", "python skill");
+    let pkg = tar_of(&[
+        ("SKILL.md", md.as_bytes()),
+        ("requirements.txt", b"skbdemo==1.0\n"),
+    ]);
+    publish(&c, &s, ADMIN, "acme", "py", 0, pkg).await;
+    let run = new_run(&c, &s, &["py"]).await;
+    let envs = data.join("box/envs");
+    std::fs::write(envs.join("FAILPOINT"), "stall").unwrap();
+    let pending = {
+        let (c, url) = (c.clone(), s.ws("acme", &format!("runs/{run}/exec")));
+        tokio::spawn(async move {
+            c.post(url)
+                .bearer_auth(ADMIN)
+                .json(&json!({"skill": "py", "argv": ["true"]}))
+                .send()
+                .await
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !envs.join("FAILPOINT.reached").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the build never reached the failpoint"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The build's container: its exec starts right after the failpoint is reached.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let building = owner.containers(&[]);
+    assert_eq!(building.len(), 1, "the build's container: {building:?}");
+    tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    let running = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Running}}", &building[0]])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&running.stdout).trim(),
+        "true",
+        "the sweep destroyed a build in progress"
+    );
+    pending.abort();
+    drop(s);
+}
+
+/// The container's `/tmp` is capped and its `/workspace` volume has a quota (an ext4 image on
+/// a loop device): a write past either fails with ENOSPC, and the run's end frees both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_tmp_and_workspace_are_capped() {
+    let owner = Owner::new("quota");
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = owner.args();
+    args.extend(["--tmp-size", "8388608", "--workspace-quota", "33554432"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = Server::start(dir.path(), &args);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    for (target, mib) in [("/tmp/big", 16), ("/workspace/big", 64)] {
+        let v = sh(
+            &c,
+            &s,
+            &run,
+            None,
+            &format!("dd if=/dev/zero of={target} bs=1M count={mib} 2>&1; echo status=$?"),
+        )
+        .await;
+        let out = v["stdout"].as_str().unwrap();
+        assert!(
+            out.contains("No space left on device"),
+            "{target} is not capped: {v}"
+        );
+    }
+    let v = sh(
+        &c,
+        &s,
+        &run,
+        None,
+        "rm -f /workspace/big; echo x > /workspace/y && cat /workspace/y",
+    )
+    .await;
+    assert_eq!(v["stdout"], "x\n", "{v}");
+    finish(&c, &s, &run).await;
+    let image = dir.path().join(format!("box/workspaces/{run}.ext4"));
+    assert!(!image.exists(), "the workspace image outlived its run");
     owner.assert_clean();
 }

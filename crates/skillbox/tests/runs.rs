@@ -273,8 +273,9 @@ async fn prompt_index_is_escaped_and_ordered() {
     for (name, desc) in [
         ("zeta", "last & <least>"),
         ("alpha", "first \"quoted\" 'x'"),
-        ("mid", "middle"),
+        ("mid", "|\n  middle\n"),
     ] {
+        // `mid`'s description is a block scalar: its trailing newline is trimmed.
         let md = skill_md(name, desc);
         publish(
             &c,
@@ -288,22 +289,43 @@ async fn prompt_index_is_escaped_and_ordered() {
         .await;
     }
     let (_, run) = create_run(&c, &s, ADMIN, json!({})).await;
+    let run = run["run_id"].as_str().unwrap().to_string();
+    let (_, pin) = activate(&c, &s, ADMIN, &run, json!({"skill": "mid"})).await;
+    let (st, p) = get(&c, &s.ws("acme", &format!("runs/{run}/prompt")), ADMIN).await;
+    assert_eq!(st, 200);
+    // A pinned skill says where its SKILL.md is in the sandbox.
+    let location = format!("{}/SKILL.md", pin["mount_path"].as_str().unwrap());
+    assert_eq!(
+        p["prompt"].as_str().unwrap(),
+        format!(
+            "<available_skills>\n<skill>\n<name>alpha</name>\n<description>first &quot;quoted&quot; &apos;x&apos;</description>\n</skill>\n\
+<skill>\n<name>mid</name>\n<description>middle</description>\n<location>{location}</location>\n</skill>\n\
+<skill>\n<name>zeta</name>\n<description>last &amp; &lt;least&gt;</description>\n</skill>\n</available_skills>\n"
+        )
+    );
+
+    // No authorized skill: no block at all.
+    let (st, r) = c
+        .post(s.ws("nothing-here", "runs"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await
+        .map(|r| (r.status().as_u16(), r))
+        .unwrap();
+    assert_eq!(st, 201);
+    let r: serde_json::Value = r.json().await.unwrap();
     let (st, p) = get(
         &c,
         &s.ws(
-            "acme",
-            &format!("runs/{}/prompt", run["run_id"].as_str().unwrap()),
+            "nothing-here",
+            &format!("runs/{}/prompt", r["run_id"].as_str().unwrap()),
         ),
         ADMIN,
     )
     .await;
-    assert_eq!(st, 200);
-    assert_eq!(
-        p["prompt"].as_str().unwrap(),
-        "<available_skills>\n<skill>\n<name>alpha</name>\n<description>first &quot;quoted&quot; &apos;x&apos;</description>\n</skill>\n\
-<skill>\n<name>mid</name>\n<description>middle</description>\n</skill>\n\
-<skill>\n<name>zeta</name>\n<description>last &amp; &lt;least&gt;</description>\n</skill>\n</available_skills>\n"
-    );
+    assert_eq!(st, 200, "{p}");
+    assert_eq!(p["prompt"], "", "{p}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

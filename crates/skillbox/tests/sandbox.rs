@@ -148,6 +148,21 @@ async fn the_sandbox_holds() {
             .contains("Read-only file system"),
         "{v}"
     );
+    // `/skills` itself, and every directory above a mount, are read-only: no fake skill can
+    // be planted beside the real ones.
+    let skill_dir = mount.rsplit_once('/').unwrap().0.to_string();
+    let (_, v) = exec(
+        &c,
+        &s,
+        &run,
+        sh(format!(
+            "mkdir -p /skills/planted/1 2>/dev/null && echo planted; touch /skills/x 2>/dev/null && echo wrote; \
+             mkdir {skill_dir}/2 2>/dev/null && echo revision-planted; touch /x 2>/dev/null && echo root-written; \
+             ls /skills | wc -l"
+        )),
+    )
+    .await;
+    assert_eq!(v["stdout"], "1\n", "/skills is writable: {v}");
     let (_, v) = exec(&c, &s, &run, sh(format!("mount -o remount,rw {mount}"))).await;
     assert_ne!(v["exit_code"], 0, "remount succeeded: {v}");
     let (_, v) = exec(&c, &s, &run, sh(format!("cat {mount}/scripts/run.sh"))).await;
@@ -179,9 +194,10 @@ async fn the_sandbox_holds() {
         out.contains("No such file or directory") && !out.contains("skillbox.db"),
         "{out}"
     );
+    let uid: u32 = out.lines().last().unwrap().trim().parse().unwrap();
     assert!(
-        out.trim_end().ends_with("65534"),
-        "not an unprivileged uid: {out}"
+        uid >= 1_000_000,
+        "not the sandbox's own unprivileged uid from the pool: {out}"
     );
     let (_, v) = exec(&c, &s, &run, sh("grep CapEff /proc/self/status".into())).await;
     assert_eq!(v["stdout"], "CapEff:\t0000000000000000\n");

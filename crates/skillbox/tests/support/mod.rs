@@ -100,6 +100,44 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
+        release_workspace_mounts(&self.data_dir);
+    }
+}
+
+/// Unmounts the quota'd workspaces a killed server left under `data_dir` and detaches their
+/// loop devices, so the test's temporary directory can be removed (a server that ends runs
+/// does this itself; a `kill -9` leaves them).
+pub fn release_workspace_mounts(data_dir: &Path) {
+    let Ok(root) = std::fs::canonicalize(data_dir) else {
+        return;
+    };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mountinfo.lines() {
+        if let Some(point) = line.split(' ').nth(4)
+            && Path::new(point).starts_with(&root)
+        {
+            let _ = Command::new("umount").args(["--lazy", point]).status();
+        }
+    }
+    let images = std::fs::read_dir(root.join("box/workspaces"))
+        .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    for image in images
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "ext4"))
+    {
+        let out = Command::new("losetup")
+            .arg("--associated")
+            .arg(image)
+            .output();
+        for dev in out
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(':').next())
+        {
+            let _ = Command::new("losetup").args(["--detach", dev]).status();
+        }
     }
 }
 
@@ -219,8 +257,13 @@ pub async fn archive_digest(
 
 /// A run of workspace `acme` authorized for `skills`, each activated at its current revision.
 pub async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String {
+    new_run_in(c, s, "acme", skills).await
+}
+
+/// [`new_run`] in workspace `ws`.
+pub async fn new_run_in(c: &reqwest::Client, s: &Server, ws: &str, skills: &[&str]) -> String {
     let r = c
-        .post(s.ws("acme", "runs"))
+        .post(s.ws(ws, "runs"))
         .bearer_auth(ADMIN)
         .json(&serde_json::json!({"skills": skills}))
         .send()
@@ -233,7 +276,7 @@ pub async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String
         .to_string();
     for skill in skills {
         let r = c
-            .post(s.ws("acme", &format!("runs/{run}/activations")))
+            .post(s.ws(ws, &format!("runs/{run}/activations")))
             .bearer_auth(ADMIN)
             .json(&serde_json::json!({"skill": skill}))
             .send()
@@ -246,7 +289,18 @@ pub async fn new_run(c: &reqwest::Client, s: &Server, skills: &[&str]) -> String
 
 /// `POST …/runs/{run}/exec` in workspace `acme`: (status, body).
 pub async fn exec(c: &reqwest::Client, s: &Server, run: &str, body: Value) -> (u16, Value) {
-    post_exec(c.clone(), s.ws("acme", &format!("runs/{run}/exec")), body).await
+    exec_in(c, s, "acme", run, body).await
+}
+
+/// [`exec`] in workspace `ws`.
+pub async fn exec_in(
+    c: &reqwest::Client,
+    s: &Server,
+    ws: &str,
+    run: &str,
+    body: Value,
+) -> (u16, Value) {
+    post_exec(c.clone(), s.ws(ws, &format!("runs/{run}/exec")), body).await
 }
 
 /// [`exec`] in a task of its own (an execution that runs while the test does other things).
