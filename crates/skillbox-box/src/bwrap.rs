@@ -180,7 +180,7 @@ writable{}",
                     Err(BoxError::Unavailable(
                         if err.contains("No such file") && err.contains("bwrap") {
                             "bwrap is not installed: install bubblewrap (Debian: apt-get install bubblewrap)".into()
-                        } else if unsafe_uid() {
+                        } else if not_root() {
                             format!(
                                 "bwrap must be started as root (it mounts as root and then becomes the sandbox's own uid): {err}"
                             )
@@ -231,12 +231,12 @@ with mount namespaces available; skillbox never falls back to running unsandboxe
         if self.limits.workspace_bytes == 0 || crate::workspace::is_mountpoint(dir) {
             return crate::owned_dir(dir, uid);
         }
-        if dir.is_dir() && !crate::workspace::image_path(dir).exists() {
+        let image = crate::workspace::image_path(dir);
+        if dir.is_dir() && !image.exists() {
             // A workspace from before quotas: kept as it is, without one.
             tracing::warn!(dir = %dir.display(), "workspace made without a quota; keeping it");
             return crate::owned_dir(dir, uid);
         }
-        let image = crate::workspace::image_path(dir);
         crate::workspace::make_image(&image, self.limits.workspace_bytes, uid)?;
         crate::workspace::mount(&image, dir, uid)
     }
@@ -345,7 +345,7 @@ with mount namespaces available; skillbox never falls back to running unsandboxe
 const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Whether this process is not root (bwrap then cannot mount as root or change uid).
-fn unsafe_uid() -> bool {
+fn not_root() -> bool {
     !nix::unistd::Uid::effective().is_root()
 }
 

@@ -459,7 +459,7 @@ impl Docker {
         // ones (environment builds). Root owns it, so it may chmod it without capabilities.
         for b in sandbox.binds.iter().filter(|b| b.writable) {
             if let crate::BindSource::Volume(_) = b.source {
-                let (code, _, err) = self
+                let r = self
                     .command(
                         &created.id,
                         "0:0",
@@ -468,12 +468,12 @@ impl Docker {
                         vec![],
                     )
                     .await?;
-                if code != Some(0) {
+                if r.exit_code != Some(0) {
                     self.remove_container(&created.id).await;
                     return Err(BoxError::Unavailable(format!(
                         "docker: cannot open {} to the sandbox user: {}",
                         b.target,
-                        command_failure(code, &err)
+                        r.failure()
                     )));
                 }
             }
@@ -544,9 +544,6 @@ impl Docker {
             self.cfg.uid,
         );
         let device = tokio::task::spawn_blocking(move || {
-            if let Some(parent) = image.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
             crate::workspace::make_image(&image, bytes, uid)?;
             crate::workspace::attach(&image)
         })
@@ -569,7 +566,7 @@ impl Docker {
         self.create_volume_with(name, sandbox, Some(opts)).await
     }
 
-    /// Runs a box-internal command in a container as `user`: (exit code, stdout, stderr).
+    /// Runs a box-internal command in a container as `user`.
     async fn command(
         &self,
         container: &str,
@@ -577,7 +574,7 @@ impl Docker {
         script: &str,
         env: BTreeMap<String, String>,
         stdin: Vec<u8>,
-    ) -> Result<(Option<i32>, Vec<u8>, Vec<u8>), BoxError> {
+    ) -> Result<ExecResult, BoxError> {
         let req = ExecRequest {
             cwd: "/".into(),
             stdin: Some(stdin),
@@ -586,8 +583,7 @@ impl Docker {
             ..ExecRequest::shell(script, env)
         };
         let (_never, kill) = tokio::sync::oneshot::channel();
-        let r = self.run_exec_as(container, user, false, req, kill).await?;
-        Ok((r.exit_code, r.stdout, r.stderr))
+        self.run_exec_as(container, user, false, req, kill).await
     }
 
     fn take_failpoint(&self) -> Option<String> {
@@ -601,7 +597,7 @@ impl Docker {
             "/skills/.staging/{}",
             skillbox_package::staging::unique_name("")
         );
-        let (code, _, err) = self
+        let r = self
             .command(
                 &lease.handle,
                 "0:0",
@@ -610,10 +606,10 @@ impl Docker {
                 vec![],
             )
             .await?;
-        if code != Some(0) {
+        if r.exit_code != Some(0) {
             return Err(BoxError::Unavailable(format!(
                 "docker: cannot make a staging directory: {}",
-                command_failure(code, &err)
+                r.failure()
             )));
         }
         let (source, manifest) = (mount.source.clone(), mount.manifest.clone());
@@ -667,7 +663,7 @@ impl Docker {
             ("D".to_string(), mount.digest.to_string()),
             ("READY_DIR".to_string(), READY_DIR.to_string()),
         ]);
-        let (code, _, err) = self
+        let r = self
             .command(
                 &lease.handle,
                 "0:0",
@@ -676,7 +672,7 @@ impl Docker {
                 listing.into_bytes(),
             )
             .await?;
-        if code != Some(0) {
+        if r.exit_code != Some(0) {
             let _ = self
                 .command(
                     &lease.handle,
@@ -689,7 +685,7 @@ impl Docker {
             return Err(BoxError::Unavailable(format!(
                 "the copy of {} failed verification in the container ({}); nothing was executed — retry",
                 mount.target,
-                command_failure(code, &err)
+                r.failure()
             )));
         }
         Ok(())
@@ -711,7 +707,7 @@ impl Docker {
         }
         let env = BTreeMap::from([("READY_DIR".to_string(), READY_DIR.to_string())]);
         let uid = format!("{0}:{0}", self.cfg.uid);
-        let (_, out, _) = self
+        let out = self
             .command(
                 &lease.handle,
                 &uid,
@@ -719,7 +715,8 @@ impl Docker {
                 env,
                 listing.into_bytes(),
             )
-            .await?;
+            .await?
+            .stdout;
         let mut ready = BTreeMap::new();
         for line in String::from_utf8_lossy(&out).lines() {
             let mut it = line.split(' ');
@@ -917,7 +914,6 @@ async fn remove_container(engine: &Engine, id: &str) {
     }
 }
 
-/// Removes a volume; one that is already gone is not an error.
 /// Host processes in process group `group` whose cgroup names `container` (its full id).
 fn group_members_in(group: i32, container: &str) -> Vec<i32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -940,17 +936,7 @@ fn group_members_in(group: i32, container: &str) -> Vec<i32> {
         .collect()
 }
 
-/// Why a box-internal command failed: its exit status and what it printed on stderr.
-fn command_failure(code: Option<i32>, err: &[u8]) -> String {
-    let how = code.map_or("ended without an exit code".to_string(), |c| {
-        format!("exit code {c}")
-    });
-    match String::from_utf8_lossy(err).trim() {
-        "" => format!("{how} (no output)"),
-        text => format!("{how}: {text}"),
-    }
-}
-
+/// Removes a volume; one that is already gone is not an error.
 async fn remove_volume(engine: &Engine, name: &str) -> Result<(), bollard::errors::Error> {
     match engine
         .remove_volume(

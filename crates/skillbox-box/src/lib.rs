@@ -239,13 +239,11 @@ impl ExecResult {
     /// What went wrong, for an error message: how it ended (exit code, signal, timeout,
     /// killed, or the sandbox failing) and the last lines it printed — never an empty reason.
     pub fn failure(&self) -> String {
-        let how = match (self.outcome, self.exit_code, self.signal) {
-            (Outcome::TimedOut, ..) => format!("timed out after {} ms", self.duration_ms),
-            (Outcome::Killed, ..) => "killed (its package was revoked)".into(),
-            (Outcome::SandboxFailure, ..) => "the sandbox could not be set up".into(),
-            (_, Some(code), _) => format!("exit code {code}"),
-            (_, None, Some(sig)) => format!("killed by signal {sig}"),
-            _ => "ended without an exit code".into(),
+        let how = match self.outcome {
+            Outcome::TimedOut => format!("timed out after {} ms", self.duration_ms),
+            Outcome::Killed => "killed (its package was revoked)".into(),
+            Outcome::SandboxFailure => "the sandbox could not be set up".into(),
+            Outcome::Exited | Outcome::Signaled => ended(self.exit_code, self.signal),
         };
         let text = if self.stderr.iter().any(|b| !b.is_ascii_whitespace()) {
             &self.stderr
@@ -384,7 +382,12 @@ pub(crate) fn poisoned<T>(_: T) -> BoxError {
 /// How a process ended, for error messages: its exit code or the signal that killed it.
 pub fn describe_status(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
+    ended(status.code(), status.signal())
+}
+
+/// "exit code N", "killed by signal N", or that there was neither.
+fn ended(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
         _ => "ended without an exit code".into(),

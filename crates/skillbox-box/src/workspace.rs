@@ -66,6 +66,12 @@ pub fn image_path(dir: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The workspace an entry of the workspaces directory belongs to: the directory itself, or
+/// its image beside it (`<name>.ext4`, `<name>.ext4.new` while it is made).
+pub fn workspace_of_entry(file_name: &str) -> &str {
+    file_name.trim_end_matches(".new").trim_end_matches(".ext4")
+}
+
 /// Whether `dir` is a mount point (another file system than its parent's).
 pub fn is_mountpoint(dir: &Path) -> bool {
     let (Ok(d), Some(Ok(p))) = (std::fs::metadata(dir), dir.parent().map(std::fs::metadata)) else {

@@ -186,7 +186,7 @@ pub fn parse_skill_md(bytes: &[u8], max_frontmatter_bytes: usize) -> Parsed {
                     (Yaml::Str(s), _) => {
                         fm.metadata.insert(k.clone(), s.clone());
                     }
-                    (Yaml::Bool(_) | Yaml::Num(_), Some(Some(text))) => {
+                    (Yaml::Bool(_) | Yaml::Int(_) | Yaml::Float(_), Some(Some(text))) => {
                         fm.metadata.insert(k.clone(), text.clone());
                     }
                     (other, _) => out.problems.push(Problem::at_field(
@@ -233,7 +233,9 @@ fn first_line(s: &str) -> &str {
 enum Yaml {
     Null,
     Bool(bool),
-    Num(f64),
+    Int(i64),
+    /// Any other number, `.inf` and `.nan` included.
+    Float(f64),
     Str(String),
     Seq(Vec<Yaml>),
     Map(BTreeMap<String, Yaml>),
@@ -244,7 +246,7 @@ impl Yaml {
         match self {
             Yaml::Null => "null",
             Yaml::Bool(_) => "a boolean",
-            Yaml::Num(_) => "a number",
+            Yaml::Int(_) | Yaml::Float(_) => "a number",
             Yaml::Str(_) => "a string",
             Yaml::Seq(_) => "a list",
             Yaml::Map(_) => "a mapping",
@@ -257,14 +259,9 @@ impl Yaml {
         match self {
             Yaml::Null => V::Null,
             Yaml::Bool(b) => V::Bool(*b),
-            Yaml::Num(n) => serde_json::Number::from_f64(*n)
-                .map(|x| {
-                    if n.fract() == 0.0 && n.abs() < 9.0e15 {
-                        V::from(*n as i64)
-                    } else {
-                        V::Number(x)
-                    }
-                })
+            Yaml::Int(n) => V::from(*n),
+            Yaml::Float(n) => serde_json::Number::from_f64(*n)
+                .map(V::Number)
                 .unwrap_or_else(|| V::String(n.to_string())),
             Yaml::Str(s) => V::String(s.clone()),
             Yaml::Seq(v) => V::Array(v.iter().map(Yaml::to_json).collect()),
@@ -285,19 +282,19 @@ impl<'de> Deserialize<'de> for Yaml {
                 Ok(Yaml::Bool(b))
             }
             fn visit_i64<E>(self, n: i64) -> Result<Yaml, E> {
-                Ok(Yaml::Num(n as f64))
+                Ok(Yaml::Int(n))
             }
             fn visit_u64<E>(self, n: u64) -> Result<Yaml, E> {
-                Ok(Yaml::Num(n as f64))
+                Ok(i64::try_from(n).map_or(Yaml::Float(n as f64), Yaml::Int))
             }
             fn visit_i128<E>(self, n: i128) -> Result<Yaml, E> {
-                Ok(Yaml::Num(n as f64))
+                Ok(i64::try_from(n).map_or(Yaml::Float(n as f64), Yaml::Int))
             }
             fn visit_u128<E>(self, n: u128) -> Result<Yaml, E> {
-                Ok(Yaml::Num(n as f64))
+                Ok(i64::try_from(n).map_or(Yaml::Float(n as f64), Yaml::Int))
             }
             fn visit_f64<E>(self, n: f64) -> Result<Yaml, E> {
-                Ok(Yaml::Num(n))
+                Ok(Yaml::Float(n))
             }
             fn visit_str<E>(self, s: &str) -> Result<Yaml, E> {
                 Ok(Yaml::Str(s.to_string()))
@@ -323,22 +320,13 @@ impl<'de> Deserialize<'de> for Yaml {
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Yaml, A::Error> {
                 let mut m = BTreeMap::new();
-                while let Some((k, v)) = a.next_entry::<KeyText, Yaml>()? {
-                    m.insert(k.0, v);
+                while let Some((k, v)) = a.next_entry::<String, Yaml>()? {
+                    m.insert(k, v);
                 }
                 Ok(Yaml::Map(m))
             }
         }
         d.deserialize_any(V)
-    }
-}
-
-/// A mapping key, as its text (`1: x` has the key "1").
-struct KeyText(String);
-
-impl<'de> Deserialize<'de> for KeyText {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(KeyText(String::deserialize(d)?))
     }
 }
 

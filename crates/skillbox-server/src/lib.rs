@@ -80,14 +80,10 @@ impl AppState {
                 let mut ids: Vec<String> =
                     std::fs::read_dir(self.registry.data_dir().join("box/workspaces"))
                         .map(|rd| {
-                            // A workspace is a directory and, with a quota, its image beside
-                            // it (`<run>.ext4`, `<run>.ext4.new` while made): all name the run.
                             rd.flatten()
                                 .map(|e| {
                                     let name = e.file_name().to_string_lossy().into_owned();
-                                    name.trim_end_matches(".new")
-                                        .trim_end_matches(".ext4")
-                                        .to_string()
+                                    skillbox_box::workspace::workspace_of_entry(&name).to_string()
                                 })
                                 .collect()
                         })

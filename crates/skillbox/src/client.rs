@@ -195,17 +195,19 @@ pub enum TokenCommand {
     },
 }
 
-/// A refusal decided here, before the server is asked (an invalid package): exit status 1,
-/// like the server's refusal of the same package, and printed the same way.
+/// A refusal, shown with its code and details; exit status 1. Usually the server's; a package
+/// found invalid before upload is refused here with the body the server would answer, so both
+/// print and exit the same way.
 #[derive(Debug)]
-pub struct LocalRefusal {
-    /// `{"error": {"code", "message", "problems"}}`, as the server would answer.
+pub struct ServerError {
+    pub status: u16,
     pub body: Value,
 }
 
-impl LocalRefusal {
+impl ServerError {
     pub fn invalid_package(r: &skillbox_package::Rejection) -> Self {
-        LocalRefusal {
+        ServerError {
+            status: 422,
             body: json!({"error": {
                 "code": "invalid_package",
                 "message": format!("the package is invalid: {} problem(s)", r.problems.len()),
@@ -214,25 +216,6 @@ impl LocalRefusal {
             }}),
         }
     }
-}
-
-impl std::fmt::Display for LocalRefusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        ServerError {
-            status: 422,
-            body: self.body.clone(),
-        }
-        .fmt(f)
-    }
-}
-
-impl std::error::Error for LocalRefusal {}
-
-/// A server error, shown with its code and details; exit status 1.
-#[derive(Debug)]
-pub struct ServerError {
-    pub status: u16,
-    pub body: Value,
 }
 
 impl std::fmt::Display for ServerError {
@@ -586,7 +569,7 @@ fn prepare_upload(
     };
     if path.is_dir() {
         let pkg = skillbox_package::check(intake::scan_dir(path, &limits)?, &opts)
-            .map_err(|r| LocalRefusal::invalid_package(&r))?;
+            .map_err(|r| ServerError::invalid_package(&r))?;
         let tar = skillbox_package::write::write_tar(
             Vec::new(),
             &pkg.manifest,
@@ -607,7 +590,7 @@ fn prepare_upload(
         &limits,
     )?;
     let pkg =
-        skillbox_package::check(intake, &opts).map_err(|r| LocalRefusal::invalid_package(&r))?;
+        skillbox_package::check(intake, &opts).map_err(|r| ServerError::invalid_package(&r))?;
     let ct = match format {
         skillbox_package::ArchiveFormat::Zip => "application/zip",
         skillbox_package::ArchiveFormat::Tar => "application/x-tar",

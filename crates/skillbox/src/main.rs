@@ -77,9 +77,6 @@ fn describe_error(e: &anyhow::Error) -> (u8, serde_json::Value, String) {
     if let Some(s) = e.downcast_ref::<client::ServerError>() {
         return (1, s.body.clone(), s.to_string());
     }
-    if let Some(r) = e.downcast_ref::<client::LocalRefusal>() {
-        return (1, r.body.clone(), r.to_string());
-    }
     let text = format!("{e:#}");
     let unreachable = e.chain().any(|c| {
         c.downcast_ref::<reqwest::Error>()

@@ -247,15 +247,7 @@ async fn an_interrupted_build_is_never_used() {
                 .await
         })
     };
-    let reached = envs.join("FAILPOINT.reached");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !reached.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the build never reached the failpoint"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_for_failpoint(&envs).await;
     let staged: Vec<String> = std::fs::read_dir(&envs)
         .unwrap()
         .flatten()

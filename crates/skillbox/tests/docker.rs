@@ -840,14 +840,7 @@ async fn docker_upkeep_sweep_never_destroys_a_build_in_progress() {
                 .await
         })
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while !envs.join("FAILPOINT.reached").exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the build never reached the failpoint"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_for_failpoint(&envs).await;
     // The build's container: its exec starts right after the failpoint is reached.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let building = owner.containers(&[]);
@@ -873,45 +866,10 @@ async fn docker_tmp_and_workspace_are_capped() {
     let owner = Owner::new("quota");
     let dir = tempfile::tempdir().unwrap();
     let mut args = owner.args();
-    args.extend(["--tmp-size", "8388608", "--workspace-quota", "33554432"].map(String::from));
+    args.extend(SMALL_SANDBOX.map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let s = Server::start(dir.path(), &args);
-    let c = http();
-    publish(
-        &c,
-        &s,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &s, &["hello"]).await;
-    for (target, mib) in [("/tmp/big", 16), ("/workspace/big", 64)] {
-        let v = sh(
-            &c,
-            &s,
-            &run,
-            None,
-            &format!("dd if=/dev/zero of={target} bs=1M count={mib} 2>&1; echo status=$?"),
-        )
-        .await;
-        let out = v["stdout"].as_str().unwrap();
-        assert!(
-            out.contains("No space left on device"),
-            "{target} is not capped: {v}"
-        );
-    }
-    let v = sh(
-        &c,
-        &s,
-        &run,
-        None,
-        "rm -f /workspace/big; echo x > /workspace/y && cat /workspace/y",
-    )
-    .await;
-    assert_eq!(v["stdout"], "x\n", "{v}");
+    let (s, c, run) = hello_run(dir.path(), &args).await;
+    assert_tmp_and_workspace_capped(&c, &s, &run).await;
     finish(&c, &s, &run).await;
     let image = dir.path().join(format!("box/workspaces/{run}.ext4"));
     assert!(!image.exists(), "the workspace image outlived its run");

@@ -18,19 +18,7 @@ async fn bwrap_works_from_a_data_dir_under_a_private_home() {
     std::fs::create_dir(&home).unwrap();
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
     let data = home.join("skillbox-data");
-    let s = Server::start(&data, &["--box", "bwrap"]);
-    let c = http();
-    publish(
-        &c,
-        &s,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &s, &["hello"]).await;
+    let (s, c, run) = hello_run(&data, &["--box", "bwrap"]).await;
     let (st, v) = exec(
         &c,
         &s,
@@ -132,55 +120,10 @@ async fn one_tenants_fork_bomb_leaves_other_tenants_executing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tmp_and_workspace_are_capped() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(
-        dir.path(),
-        &[
-            "--box",
-            "bwrap",
-            "--tmp-size",
-            "8388608",
-            "--workspace-quota",
-            "33554432",
-        ],
-    );
-    let c = http();
-    publish(
-        &c,
-        &s,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &s, &["hello"]).await;
-    for (target, mib) in [("/tmp/big", 16), ("/workspace/big", 64)] {
-        let v = sh(
-            &c,
-            &s,
-            &run,
-            None,
-            &format!("dd if=/dev/zero of={target} bs=1M count={mib} 2>&1; echo status=$?"),
-        )
-        .await;
-        let out = v["stdout"].as_str().unwrap();
-        assert!(
-            out.contains("No space left on device"),
-            "{target} is not capped: {v}"
-        );
-        assert!(!out.contains("status=0"), "{v}");
-    }
-    // The sandbox and the server carry on: space is freed, writes work again.
-    let v = sh(
-        &c,
-        &s,
-        &run,
-        None,
-        "rm /workspace/big /tmp/big 2>/dev/null; echo x > /workspace/y && cat /workspace/y",
-    )
-    .await;
-    assert_eq!(v["stdout"], "x\n", "{v}");
+    let mut args = vec!["--box", "bwrap"];
+    args.extend(SMALL_SANDBOX);
+    let (s, c, run) = hello_run(dir.path(), &args).await;
+    assert_tmp_and_workspace_capped(&c, &s, &run).await;
     let (st, _) = get(&c, &format!("{}/healthz", s.url), ADMIN).await;
     assert_eq!(st, 200);
     // The run's end releases its workspace: no mount is left behind.
@@ -215,19 +158,7 @@ async fn tmp_and_workspace_are_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_exec_input_is_a_bad_request_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &["--box", "bwrap"]);
-    let c = http();
-    publish(
-        &c,
-        &s,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &s, &["hello"]).await;
+    let (s, c, run) = hello_run(dir.path(), &["--box", "bwrap"]).await;
     let cases = [
         (json!({"argv": ["echo", "a\u{0}b"]}), "argv[1]"),
         (json!({"command": "echo \u{0}"}), "command"),
@@ -252,19 +183,7 @@ async fn hostile_exec_input_is_a_bad_request_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_in_a_run_draft_is_refused_by_path() {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &["--box", "bwrap"]);
-    let c = http();
-    publish(
-        &c,
-        &s,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &s, &["hello"]).await;
+    let (s, c, run) = hello_run(dir.path(), &["--box", "bwrap"]).await;
     let r: Value = c
         .post(s.ws("acme", &format!("runs/{run}/drafts")))
         .bearer_auth(ADMIN)
@@ -443,19 +362,7 @@ async fn every_rejection_uses_the_error_envelope() {
 async fn a_request_over_the_timeout_answers_503_timeout() {
     let dir = tempfile::tempdir().unwrap();
     // Long enough that setting up the run is never cut, short enough for the test.
-    let s = Server::start(dir.path(), &["--box", "bwrap", "--request-timeout", "4"]);
-    let c = http();
-    publish(
-        &c,
-        &s,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &s, &["hello"]).await;
+    let (s, c, run) = hello_run(dir.path(), &["--box", "bwrap", "--request-timeout", "4"]).await;
     let (st, v) = exec(&c, &s, &run, json!({"argv": ["sleep", "30"]})).await;
     assert_eq!((st, error_code(&v)), (503, "timeout"), "{v}");
 }

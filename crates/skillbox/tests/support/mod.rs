@@ -452,3 +452,68 @@ pub async fn assert_streamed_exec(c: &reqwest::Client, s: &Server) {
     );
     assert!(exit["duration_ms"].as_u64().unwrap() >= 1000);
 }
+
+/// A server started with `args` on `dir`, `hello` v1 published in `acme`, and a run that
+/// activated it.
+pub async fn hello_run(dir: &Path, args: &[&str]) -> (Server, reqwest::Client, String) {
+    let s = Server::start(dir, args);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &s, &["hello"]).await;
+    (s, c, run)
+}
+
+/// Waits (at most two minutes) for the failpoint under `envs` to be reached.
+pub async fn wait_for_failpoint(envs: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !envs.join("FAILPOINT.reached").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the build never reached the failpoint"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writing 16 MiB to `/tmp` and 64 MiB to `/workspace` fails with ENOSPC in the run's sandbox
+/// (a server started with `--tmp-size 8388608 --workspace-quota 33554432`); afterwards the
+/// space is freed and writes work again.
+pub async fn assert_tmp_and_workspace_capped(c: &reqwest::Client, s: &Server, run: &str) {
+    for (target, mib) in [("/tmp/big", 16), ("/workspace/big", 64)] {
+        let v = sh(
+            c,
+            s,
+            run,
+            None,
+            &format!("dd if=/dev/zero of={target} bs=1M count={mib} 2>&1; echo status=$?"),
+        )
+        .await;
+        let out = v["stdout"].as_str().unwrap();
+        assert!(
+            out.contains("No space left on device"),
+            "{target} is not capped: {v}"
+        );
+        assert!(!out.contains("status=0"), "{v}");
+    }
+    let v = sh(
+        c,
+        s,
+        run,
+        None,
+        "rm -f /workspace/big /tmp/big; echo x > /workspace/y && cat /workspace/y",
+    )
+    .await;
+    assert_eq!(v["stdout"], "x\n", "{v}");
+}
+
+/// The sizes [`assert_tmp_and_workspace_capped`] expects.
+pub const SMALL_SANDBOX: [&str; 4] = ["--tmp-size", "8388608", "--workspace-quota", "33554432"];
