@@ -67,7 +67,7 @@ impl RevisionCache {
             if linked {
                 let len = std::fs::metadata(&target)?.len();
                 if len != entry.size {
-                    return Err(RegistryError::Internal(format!(
+                    return Err(RegistryError::broken(format!(
                         "blob {} has {len} bytes, manifest says {}",
                         entry.sha256, entry.size
                     )));
@@ -79,7 +79,7 @@ impl RevisionCache {
                 None => rt
                     .block_on(content.get_blob(&entry.sha256))?
                     .ok_or_else(|| {
-                        RegistryError::Internal(format!(
+                        RegistryError::broken(format!(
                             "blob {} missing from the store",
                             entry.sha256
                         ))
@@ -87,7 +87,7 @@ impl RevisionCache {
                     .to_vec(),
             };
             if bytes.len() as u64 != entry.size || Sha256::of(&bytes) != entry.sha256 {
-                return Err(RegistryError::Internal(format!(
+                return Err(RegistryError::broken(format!(
                     "blob {} does not match its hash",
                     entry.sha256
                 )));
@@ -119,6 +119,13 @@ impl RevisionCache {
         &self.root
     }
 
+    /// How many trees the cache holds. Blocking (a directory scan).
+    pub fn tree_count(&self) -> u64 {
+        std::fs::read_dir(&self.root)
+            .map(|rd| rd.count() as u64)
+            .unwrap_or(0)
+    }
+
     /// Removes a tree (revocation, collection).
     pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
         skillbox_package::staging::remove_tree(&self.tree_path(digest))
@@ -126,5 +133,5 @@ impl RevisionCache {
 }
 
 fn missing(sha: &Sha256, e: std::io::Error) -> RegistryError {
-    RegistryError::Internal(format!("blob {sha} cannot be read: {e}"))
+    RegistryError::context(format!("blob {sha} cannot be read"), e)
 }

@@ -109,7 +109,7 @@ impl ContentStore {
             Err(e) => return Err(e.into()),
         };
         if Digest(Sha256::of(&bytes)) != *digest {
-            return Err(RegistryError::Internal(format!(
+            return Err(RegistryError::broken(format!(
                 "stored manifest {digest} does not match its digest"
             )));
         }
@@ -158,6 +158,16 @@ impl ContentStore {
                 ))
             })
             .collect())
+    }
+
+    /// How many blobs the store holds and their bytes, asked of the store itself (local or
+    /// remote alike).
+    pub async fn usage(&self) -> Result<StoreUsage> {
+        let blobs = self.list_blob_meta().await?;
+        Ok(StoreUsage {
+            blobs: blobs.len() as u64,
+            blob_bytes: blobs.iter().map(|(_, size, _)| size).sum(),
+        })
     }
 
     /// Every manifest: digest, last modified.
@@ -239,4 +249,11 @@ fn link_blobs(root: &Path, files: &[(Sha256, PathBuf)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What the content store holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreUsage {
+    pub blobs: u64,
+    pub blob_bytes: u64,
 }

@@ -95,7 +95,7 @@ there (exec) and publish with POST …/drafts/{id}/publish",
             .find(|f| f.path == path)
             .ok_or_else(|| RegistryError::NotFound(format!("draft {id} has no file {path:?}")))?;
         let sha = Sha256::from_hex(&f.sha256)
-            .ok_or_else(|| RegistryError::internal("bad hash in draft row"))?;
+            .ok_or_else(|| RegistryError::broken("bad hash in draft row"))?;
         Ok((f, self.blob(&sha).await?))
     }
 
@@ -133,8 +133,8 @@ there (exec) and publish with POST …/drafts/{id}/publish",
                 return Ok(f);
             }
         }
-        Err(RegistryError::Internal(
-            "content kept vanishing while writing the draft file; retry".into(),
+        Err(RegistryError::broken(
+            "content kept vanishing while writing the draft file; retry",
         ))
     }
 
@@ -175,7 +175,7 @@ there (exec) and publish with POST …/drafts/{id}/publish",
         std::fs::create_dir(&root)?;
         for f in &files {
             let sha = Sha256::from_hex(&f.sha256)
-                .ok_or_else(|| RegistryError::internal("bad hash in draft row"))?;
+                .ok_or_else(|| RegistryError::broken("bad hash in draft row"))?;
             let bytes = self.blob(&sha).await?;
             let target = root.join(&f.path);
             if let Some(p) = target.parent() {
@@ -221,18 +221,23 @@ impl Registry {
         base_revision: Option<i64>,
     ) -> Result<(DraftRow, Vec<u8>)> {
         validate_names(workspace, skill)?;
-        let (view, pins) = self.exec_context(workspace, run_id).await?;
-        if !view.authorized_skills.iter().any(|s| s == skill) {
+        let context = self.exec_context(workspace, run_id).await?;
+        if !context.run.authorized_skills.iter().any(|s| s == skill) {
             return Err(RegistryError::SkillNotAuthorized(format!(
                 "skill {skill:?} is not in run {run_id}'s authorized set"
             )));
         }
-        let pinned = pins
+        let pinned = context
+            .pinned
             .iter()
-            .find(|(p, _, _)| p.skill == skill && base_revision.is_none_or(|b| b == p.revision));
+            .find(|p| p.pin.skill == skill && base_revision.is_none_or(|b| b == p.pin.revision));
         let (base, tar) = match pinned {
             // The pinned revision is read through the pin: it works for a deleted skill too.
-            Some((pin, tree, manifest)) => {
+            Some(crate::PinnedTree {
+                pin,
+                tree,
+                manifest,
+            }) => {
                 let (tree, manifest) = (tree.clone(), manifest.clone());
                 let tar = tokio::task::spawn_blocking(move || {
                     skillbox_package::write::write_tar(

@@ -1,5 +1,8 @@
-//! Registry errors, one variant per SPEC §5 error code the registry can produce.
+//! Registry errors: one variant per SPEC §5 error code the registry can produce, and the
+//! failures of what it stands on (metadata store, content store, disk), each keeping its source.
 
+use serde_json::json;
+use skillbox_api::ErrorCode;
 use skillbox_package::Problem;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,56 +48,105 @@ pub enum RegistryError {
         revision: i64,
         reason: String,
     },
-    #[error("{0}")]
-    BoxUnavailable(String),
-    #[error("{0}")]
-    Internal(String),
+    /// The metadata store failed (connection, query, constraint).
+    #[error("metadata store: {0}")]
+    Metadata(#[from] sqlx::Error),
+    /// The content store failed.
+    #[error("content store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A background task of the registry's died (it panicked or was cancelled).
+    #[error("registry task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// Stored data contradicts itself (a row naming content that is not there, a malformed
+    /// digest in a row), or another fault that is not the caller's.
+    #[error("{message}")]
+    Internal {
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 impl RegistryError {
     /// The SPEC §5 error code.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            RegistryError::BadRequest(_) => "bad_request",
-            RegistryError::NotFound(_) => "not_found",
-            RegistryError::RevisionConflict { .. } => "revision_conflict",
-            RegistryError::SkillDeleted(_) => "skill_deleted",
-            RegistryError::RevisionRevoked(_) => "revision_revoked",
-            RegistryError::TooLarge(_) => "too_large",
-            RegistryError::InvalidPackage { .. } => "invalid_package",
-            RegistryError::SkillNotAuthorized(_) => "skill_not_authorized",
-            RegistryError::NotActivated(_) => "not_activated",
-            RegistryError::ActivationConflict { .. } => "activation_conflict",
-            RegistryError::PinnedRevisionUnavailable { .. } => "pinned_revision_unavailable",
-            RegistryError::BoxUnavailable(_) => "box_unavailable",
-            RegistryError::Internal(_) => "internal",
+            RegistryError::BadRequest(_) => ErrorCode::BadRequest,
+            RegistryError::NotFound(_) => ErrorCode::NotFound,
+            RegistryError::RevisionConflict { .. } => ErrorCode::RevisionConflict,
+            RegistryError::SkillDeleted(_) => ErrorCode::SkillDeleted,
+            RegistryError::RevisionRevoked(_) => ErrorCode::RevisionRevoked,
+            RegistryError::TooLarge(_) => ErrorCode::TooLarge,
+            RegistryError::InvalidPackage { .. } => ErrorCode::InvalidPackage,
+            RegistryError::SkillNotAuthorized(_) => ErrorCode::SkillNotAuthorized,
+            RegistryError::NotActivated(_) => ErrorCode::NotActivated,
+            RegistryError::ActivationConflict { .. } => ErrorCode::ActivationConflict,
+            RegistryError::PinnedRevisionUnavailable { .. } => ErrorCode::PinnedRevisionUnavailable,
+            RegistryError::Metadata(_)
+            | RegistryError::Store(_)
+            | RegistryError::Io(_)
+            | RegistryError::Task(_)
+            | RegistryError::Internal { .. } => ErrorCode::Internal,
         }
     }
 
-    pub fn internal(e: impl std::fmt::Display) -> Self {
-        RegistryError::Internal(e.to_string())
-    }
-}
-
-impl From<sqlx::Error> for RegistryError {
-    fn from(e: sqlx::Error) -> Self {
-        RegistryError::Internal(format!("metadata store: {e}"))
-    }
-}
-
-impl From<std::io::Error> for RegistryError {
-    fn from(e: std::io::Error) -> Self {
-        RegistryError::Internal(format!("I/O: {e}"))
-    }
-}
-
-impl From<object_store::Error> for RegistryError {
-    fn from(e: object_store::Error) -> Self {
-        match e {
-            object_store::Error::NotFound { path, .. } => {
-                RegistryError::Internal(format!("content missing from the store: {path}"))
+    /// The code's details beside `code` and `message` in the error envelope.
+    pub fn details(&self) -> serde_json::Map<String, serde_json::Value> {
+        let value = match self {
+            RegistryError::RevisionConflict {
+                current_revision,
+                base_revision,
+            } => json!({"current_revision": current_revision, "base_revision": base_revision}),
+            RegistryError::InvalidPackage { problems, warnings } => {
+                json!({"problems": problems, "warnings": warnings})
             }
-            e => RegistryError::Internal(format!("content store: {e}")),
+            RegistryError::ActivationConflict {
+                pinned_revision,
+                requested_revision,
+                ..
+            } => {
+                json!({"pinned_revision": pinned_revision, "requested_revision": requested_revision})
+            }
+            RegistryError::PinnedRevisionUnavailable {
+                skill,
+                skill_id,
+                revision,
+                ..
+            } => json!({"skill": skill, "skill_id": skill_id, "revision": revision}),
+            _ => return serde_json::Map::new(),
+        };
+        match value {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// A fault that is not the caller's, keeping `source` for the logs.
+    pub fn internal(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        RegistryError::Internal {
+            message: source.to_string(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// A fault that is not the caller's, with what was being done: `"{message}: {source}"`.
+    pub fn context(
+        message: impl std::fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        RegistryError::Internal {
+            message: format!("{message}: {source}"),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// Stored data that contradicts itself, or an invariant broken: `message` says which.
+    pub fn broken(message: impl Into<String>) -> Self {
+        RegistryError::Internal {
+            message: message.into(),
+            source: None,
         }
     }
 }

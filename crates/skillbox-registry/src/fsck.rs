@@ -2,24 +2,9 @@
 
 use crate::Registry;
 use crate::error::Result;
-use serde::Serialize;
+use skillbox_api::{FsckProblem, FsckReport};
 use skillbox_package::{Digest, Sha256, intake};
 use std::collections::HashSet;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FsckProblem {
-    pub object: String,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FsckReport {
-    pub ok: bool,
-    pub blobs_checked: usize,
-    pub revisions_checked: usize,
-    pub trees_checked: usize,
-    pub problems: Vec<FsckProblem>,
-}
 
 impl Registry {
     pub async fn fsck(&self) -> Result<FsckReport> {

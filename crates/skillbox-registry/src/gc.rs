@@ -15,45 +15,11 @@
 use crate::Registry;
 use crate::error::{RegistryError, Result};
 use crate::meta::{Dialect, MetaStore, now_ms};
-use serde::Serialize;
+use skillbox_api::{CollectedRevision, GcReport, Revoked};
 use skillbox_package::{Digest, Sha256};
 use sqlx::Row;
 use std::collections::HashSet;
 use std::time::Duration;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct CollectedRevision {
-    pub workspace: String,
-    pub skill: String,
-    pub skill_id: String,
-    pub revision: i64,
-    pub digest: String,
-}
-
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct GcReport {
-    pub dry_run: bool,
-    pub grace_seconds: u64,
-    pub runs_expired: u64,
-    pub revisions: Vec<CollectedRevision>,
-    pub trees_removed: usize,
-    pub manifests_removed: usize,
-    pub blobs_removed: usize,
-    pub bytes_freed: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Revoked {
-    pub skill: String,
-    pub skill_id: String,
-    pub revision: i64,
-    pub digest: String,
-    pub state: String,
-    pub reason: String,
-    /// The skill's current revision after the revocation (it falls back when the revoked one
-    /// was current).
-    pub current_revision: i64,
-}
 
 const COLLECTABLE: &str = "state = 'available' AND published_at <= $2
     AND NOT EXISTS (SELECT 1 FROM skills s WHERE s.id = revisions.skill_id AND s.state = 'active' AND s.current_revision = revisions.revision)

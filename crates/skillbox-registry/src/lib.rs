@@ -17,6 +17,7 @@ pub mod drafts;
 pub mod error;
 pub mod fsck;
 pub mod gc;
+pub mod layout;
 pub mod meta;
 mod publish;
 mod reads;
@@ -24,10 +25,14 @@ pub mod runs;
 
 pub use auth::{Principal, Role};
 pub use error::{RegistryError, Result};
-pub use meta::{DraftFile, DraftRow, Event, MetaStore, RevisionRow, SkillRow};
-pub use publish::Published;
-pub use reads::{FileContent, RevSel, RevisionView, SkillSummary};
-pub use runs::{Activation, Pin, RunView};
+pub use layout::DataDir;
+pub use meta::{DraftRow, MetaStore, SkillRow};
+pub use reads::{FileContent, RevSel, RevisionView};
+pub use runs::{ExecContext, PinnedTree};
+pub use skillbox_api::{
+    Activation, DraftFile, Event, FsckReport, GcReport, Pin, Published, Revision, Revoked, RunView,
+    SkillSummary,
+};
 
 use cache::RevisionCache;
 use content::ContentStore;
@@ -60,6 +65,7 @@ impl RegistryConfig {
 
 pub struct Registry {
     pub(crate) cfg: RegistryConfig,
+    layout: DataDir,
     pub(crate) meta: MetaStore,
     pub(crate) content: ContentStore,
     pub(crate) cache: RevisionCache,
@@ -81,26 +87,27 @@ impl Registry {
     /// Opens (creating if needed) the registry in `cfg.data_dir`, sweeping staging leftovers
     /// of a previous process.
     pub async fn open(cfg: RegistryConfig) -> Result<Arc<Self>> {
-        let data = &cfg.data_dir;
-        std::fs::create_dir_all(data)?;
-        let staging = data.join("staging");
+        let layout = DataDir::new(&cfg.data_dir);
+        std::fs::create_dir_all(layout.root())?;
+        let staging = layout.staging();
         sweep_staging(&staging)?;
         std::fs::create_dir_all(&staging)?;
-        let content = ContentStore::local(&data.join("store"))?;
-        let cache = RevisionCache::new(data.join("trees"), staging.clone())?;
+        let content = ContentStore::local(&layout.store())?;
+        let cache = RevisionCache::new(layout.trees(), staging.clone())?;
         let url = match &cfg.database_url {
             Some(u) => u.clone(),
-            None => format!("sqlite://{}?mode=rwc", data.join("skillbox.db").display()),
+            None => layout.sqlite_url(),
         };
         let meta = MetaStore::connect(&url).await?;
         let pin_cache = runs::PinCache::new(
-            data.join("pin-cache-generation"),
+            layout.pin_cache_generation(),
             meta.dialect() == meta::Dialect::Sqlite,
         );
         let (changes, _) = tokio::sync::watch::channel(0);
         let (revocations, _) = tokio::sync::broadcast::channel(1024);
         Ok(Arc::new(Registry {
             cfg,
+            layout,
             meta,
             content,
             cache,
@@ -126,8 +133,13 @@ impl Registry {
         &self.content
     }
 
-    pub fn data_dir(&self) -> &Path {
-        &self.cfg.data_dir
+    /// The data directory and what lives where in it.
+    pub fn data_dir(&self) -> &DataDir {
+        &self.layout
+    }
+
+    pub fn cache(&self) -> &RevisionCache {
+        &self.cache
     }
 
     /// A fresh private staging directory for an upload.
@@ -169,7 +181,7 @@ impl Registry {
             return Ok(m);
         }
         let m = self.content.get_manifest(digest).await?.ok_or_else(|| {
-            RegistryError::Internal(format!("manifest {digest} missing from the content store"))
+            RegistryError::broken(format!("manifest {digest} missing from the content store"))
         })?;
         let m = Arc::new(m);
         if let Ok(mut c) = self.manifests.lock() {
@@ -193,7 +205,7 @@ impl Registry {
         }
         let entry = manifest
             .get(skillbox_package::SKILL_MD)
-            .ok_or_else(|| RegistryError::internal("revision without SKILL.md"))?;
+            .ok_or_else(|| RegistryError::broken("revision without SKILL.md"))?;
         let tree_file = self
             .cache
             .tree_path(digest)
@@ -204,7 +216,7 @@ impl Registry {
                 .content
                 .get_blob(&entry.sha256)
                 .await?
-                .ok_or_else(|| RegistryError::internal("SKILL.md blob missing"))?,
+                .ok_or_else(|| RegistryError::broken("SKILL.md blob missing"))?,
         };
         let parsed = skillbox_package::frontmatter::parse_skill_md(&bytes, usize::MAX);
         let body = Arc::new(parsed.skill.map(|s| s.body).unwrap_or_default());

@@ -10,6 +10,7 @@
 
 use crate::error::{RegistryError, Result};
 use serde::Serialize;
+pub use skillbox_api::{DraftFile, Event, Revision};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 // Dynamic SQL below only concatenates the constant column lists (SKILL_COLS, REV_COLS).
 use sqlx::{AnyPool, AssertSqlSafe, Row};
@@ -140,31 +141,6 @@ pub struct SkillRow {
     pub updated_at: i64,
 }
 
-/// A revision row.
-#[derive(Debug, Clone, Serialize)]
-pub struct RevisionRow {
-    pub skill_id: String,
-    pub revision: i64,
-    pub digest: String,
-    pub parent_revision: i64,
-    pub state: String,
-    pub publisher: String,
-    pub published_at: i64,
-    pub file_count: i64,
-    pub size: i64,
-    pub frontmatter: serde_json::Value,
-    pub state_reason: Option<String>,
-}
-
-/// An event of the per-workspace log.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct Event {
-    pub seq: i64,
-    pub kind: String,
-    pub at: i64,
-    pub data: serde_json::Value,
-}
-
 const SKILL_COLS: &str =
     "id, workspace, name, state, current_revision, last_revision, created_at, updated_at";
 const REV_COLS: &str = "skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter, state_reason";
@@ -182,9 +158,9 @@ fn skill_from(r: &AnyRow) -> Result<SkillRow> {
     })
 }
 
-fn revision_from(r: &AnyRow) -> Result<RevisionRow> {
+fn revision_from(r: &AnyRow) -> Result<Revision> {
     let fm: String = r.try_get(9)?;
-    Ok(RevisionRow {
+    Ok(Revision {
         skill_id: r.try_get(0)?,
         revision: r.try_get(1)?,
         digest: r.try_get(2)?,
@@ -222,12 +198,12 @@ pub struct NewRevision<'a> {
 pub enum CommitOutcome {
     Created {
         skill: SkillRow,
-        revision: RevisionRow,
+        revision: Revision,
     },
     /// The same publish (same base, same digest) was committed before: its revision.
     Replayed {
         skill: SkillRow,
-        revision: RevisionRow,
+        revision: Revision,
     },
     Conflict {
         current_revision: i64,
@@ -390,7 +366,7 @@ impl MetaStore {
         rows.iter().map(skill_from).collect()
     }
 
-    pub async fn revision(&self, skill_id: &str, revision: i64) -> Result<Option<RevisionRow>> {
+    pub async fn revision(&self, skill_id: &str, revision: i64) -> Result<Option<Revision>> {
         let q = format!("SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 AND revision = $2");
         let row = sqlx::query(AssertSqlSafe(q))
             .bind(skill_id)
@@ -400,7 +376,7 @@ impl MetaStore {
         row.as_ref().map(revision_from).transpose()
     }
 
-    pub async fn revisions(&self, skill_id: &str) -> Result<Vec<RevisionRow>> {
+    pub async fn revisions(&self, skill_id: &str) -> Result<Vec<Revision>> {
         let q =
             format!("SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 ORDER BY revision DESC");
         let rows = sqlx::query(AssertSqlSafe(q))
@@ -411,7 +387,7 @@ impl MetaStore {
     }
 
     /// Every revision in state `available` (for fsck).
-    pub async fn available_revisions(&self) -> Result<Vec<RevisionRow>> {
+    pub async fn available_revisions(&self) -> Result<Vec<Revision>> {
         let q = format!(
             "SELECT {REV_COLS} FROM revisions WHERE state = 'available' ORDER BY skill_id, revision"
         );
@@ -425,7 +401,7 @@ impl MetaStore {
         skill_id: &str,
         base: i64,
         digest: &str,
-    ) -> Result<Option<RevisionRow>> {
+    ) -> Result<Option<Revision>> {
         let q = format!(
             "SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 AND parent_revision = $2 AND digest = $3 ORDER BY revision LIMIT 1"
         );
@@ -487,7 +463,7 @@ impl MetaStore {
             .await?;
             skill = Self::active_skill_tx(&mut tx, n.workspace, n.skill).await?;
         }
-        let skill = skill.ok_or_else(|| RegistryError::Internal("skill row vanished".into()))?;
+        let skill = skill.ok_or_else(|| RegistryError::broken("skill row vanished"))?;
         let moved = sqlx::query(
             "UPDATE skills SET last_revision = last_revision + 1, current_revision = last_revision + 1, updated_at = $3
              WHERE id = $1 AND current_revision = $2 AND state = 'active' RETURNING current_revision",
@@ -542,7 +518,7 @@ impl MetaStore {
             updated_at: now,
             ..skill
         };
-        let rev = RevisionRow {
+        let rev = Revision {
             skill_id: skill.id.clone(),
             revision,
             digest: n.digest.to_string(),
@@ -894,12 +870,4 @@ pub struct DraftRow {
     /// Set for a run draft: the run whose workspace holds its files.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct DraftFile {
-    pub path: String,
-    pub sha256: String,
-    pub size: i64,
-    pub executable: bool,
 }

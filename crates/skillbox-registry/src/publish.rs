@@ -2,44 +2,28 @@
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
-use crate::meta::{CommitOutcome, NewRevision, RevisionRow, SkillRow};
-use serde::Serialize;
+use crate::meta::{CommitOutcome, NewRevision, Revision, SkillRow};
+use skillbox_api::Published;
 use skillbox_package::{ArchiveFormat, CheckOptions, Package, Problem, StagingDir, intake};
 use std::path::PathBuf;
 
-/// The answer to a publish (SPEC §5).
-#[derive(Debug, Clone, Serialize)]
-pub struct Published {
-    pub skill_id: String,
-    pub name: String,
-    pub revision: i64,
-    pub digest: String,
-    pub file_count: i64,
-    pub size: i64,
-    pub published_at: i64,
-    pub warnings: Vec<Problem>,
-    /// True when this answers a retry of a publish that had already committed.
-    pub replayed: bool,
-}
-
-impl Published {
-    fn from_rows(
-        skill: &SkillRow,
-        rev: &RevisionRow,
-        warnings: Vec<Problem>,
-        replayed: bool,
-    ) -> Self {
-        Published {
-            skill_id: skill.id.clone(),
-            name: skill.name.clone(),
-            revision: rev.revision,
-            digest: rev.digest.clone(),
-            file_count: rev.file_count,
-            size: rev.size,
-            published_at: rev.published_at,
-            warnings,
-            replayed,
-        }
+/// The answer to a publish of `rev`.
+pub(crate) fn published(
+    skill: &SkillRow,
+    rev: &Revision,
+    warnings: Vec<Problem>,
+    replayed: bool,
+) -> Published {
+    Published {
+        skill_id: skill.id.clone(),
+        name: skill.name.clone(),
+        revision: rev.revision,
+        digest: rev.digest.clone(),
+        file_count: rev.file_count,
+        size: rev.size,
+        published_at: rev.published_at,
+        warnings,
+        replayed,
     }
 }
 
@@ -157,11 +141,11 @@ impl Registry {
                 && let Some(cur) = self.meta.revision(&skill.id, base_revision).await?
                 && cur.digest == digest
             {
-                return Ok(Published::from_rows(&skill, &cur, pkg.warnings, true));
+                return Ok(published(&skill, &cur, pkg.warnings, true));
             }
             if skill.current_revision != base_revision {
                 if let Some(rev) = self.find_replay(&skill, base_revision, &digest).await? {
-                    return Ok(Published::from_rows(&skill, &rev, pkg.warnings, true));
+                    return Ok(published(&skill, &rev, pkg.warnings, true));
                 }
                 return Err(RegistryError::RevisionConflict {
                     current_revision: skill.current_revision,
@@ -208,8 +192,8 @@ impl Registry {
                 // staging (still ours) and commit again.
                 CommitOutcome::ContentMissing if attempts < 5 => continue,
                 CommitOutcome::ContentMissing => {
-                    return Err(RegistryError::Internal(
-                        "content kept vanishing during publication; retry".into(),
+                    return Err(RegistryError::broken(
+                        "content kept vanishing during publication; retry",
                     ));
                 }
                 CommitOutcome::Created { skill, revision } => {
@@ -221,10 +205,10 @@ impl Registry {
                         digest,
                         "published"
                     );
-                    return Ok(Published::from_rows(&skill, &revision, pkg.warnings, false));
+                    return Ok(published(&skill, &revision, pkg.warnings, false));
                 }
                 CommitOutcome::Replayed { skill, revision } => {
-                    return Ok(Published::from_rows(&skill, &revision, pkg.warnings, true));
+                    return Ok(published(&skill, &revision, pkg.warnings, true));
                 }
                 CommitOutcome::Conflict { current_revision } => {
                     return Err(RegistryError::RevisionConflict {
@@ -269,7 +253,7 @@ impl Registry {
         skill: &SkillRow,
         base: i64,
         digest: &str,
-    ) -> Result<Option<RevisionRow>> {
+    ) -> Result<Option<Revision>> {
         Ok(self
             .meta
             .revisions(&skill.id)

@@ -2,8 +2,8 @@
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
-use crate::meta::{RevisionRow, SkillRow};
-use serde::Serialize;
+use crate::meta::{Revision, SkillRow};
+use skillbox_api::SkillSummary;
 use skillbox_package::{Digest, FileEntry, Manifest, Sha256};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,23 +36,11 @@ impl std::str::FromStr for RevSel {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-pub struct SkillSummary {
-    pub id: String,
-    pub name: String,
-    pub description: Option<String>,
-    pub current_revision: i64,
-    pub current_digest: Option<String>,
-    pub state: String,
-    pub created_at: i64,
-    pub updated_at: i64,
-}
-
 /// One revision with its manifest.
 #[derive(Debug, Clone)]
 pub struct RevisionView {
     pub skill: SkillRow,
-    pub revision: RevisionRow,
+    pub revision: Revision,
     pub digest: Digest,
     pub manifest: Arc<Manifest>,
 }
@@ -93,7 +81,7 @@ impl Registry {
         &self,
         workspace: &str,
         name: &str,
-    ) -> Result<(SkillSummary, Option<RevisionRow>)> {
+    ) -> Result<(SkillSummary, Option<Revision>)> {
         let s = self.skill(workspace, name).await?;
         let cur = if s.current_revision > 0 {
             self.meta.revision(&s.id, s.current_revision).await?
@@ -103,7 +91,7 @@ impl Registry {
         Ok((summary(&s, cur.as_ref()), cur))
     }
 
-    pub async fn revisions(&self, workspace: &str, name: &str) -> Result<Vec<RevisionRow>> {
+    pub async fn revisions(&self, workspace: &str, name: &str) -> Result<Vec<Revision>> {
         let s = self.skill(workspace, name).await?;
         self.meta.revisions(&s.id).await
     }
@@ -161,7 +149,7 @@ impl Registry {
         })?;
         match self.file_content(&view.digest, &entry).await? {
             Some(content) => Ok((entry, content)),
-            None => Err(RegistryError::Internal(format!(
+            None => Err(RegistryError::broken(format!(
                 "blob {} missing from the content store",
                 entry.sha256
             ))),
@@ -196,7 +184,7 @@ impl Registry {
 
     pub(crate) async fn blob(&self, sha: &Sha256) -> Result<bytes::Bytes> {
         self.content.get_blob(sha).await?.ok_or_else(|| {
-            RegistryError::Internal(format!("blob {sha} missing from the content store"))
+            RegistryError::broken(format!("blob {sha} missing from the content store"))
         })
     }
 
@@ -213,7 +201,7 @@ impl Registry {
         })
         .await
         .map_err(RegistryError::internal)?
-        .map_err(|e| RegistryError::Internal(format!("building the archive: {e}")))
+        .map_err(|e| RegistryError::context("building the archive", e))
     }
 
     /// Rollback: moves the pointer to `revision` when it is `base` now.
@@ -253,7 +241,7 @@ impl Registry {
     }
 }
 
-fn summary(s: &SkillRow, cur: Option<&RevisionRow>) -> SkillSummary {
+fn summary(s: &SkillRow, cur: Option<&Revision>) -> SkillSummary {
     SkillSummary {
         id: s.id.clone(),
         name: s.name.clone(),

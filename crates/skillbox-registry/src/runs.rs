@@ -11,46 +11,13 @@ use crate::Registry;
 use crate::error::{RegistryError, Result};
 use crate::meta::{new_id, now_ms};
 use crate::reads::FileContent;
-use serde::Serialize;
+use skillbox_api::{Activation, Pin, RunView};
 use skillbox_package::{Digest, FileEntry};
 use sqlx::Row;
 use std::sync::Arc;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
 pub const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Pin {
-    pub skill: String,
-    pub skill_id: String,
-    pub revision: i64,
-    pub digest: String,
-    pub activated_at: i64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RunView {
-    pub run_id: String,
-    pub state: String,
-    pub authorized_skills: Vec<String>,
-    pub expires_at: i64,
-    pub ttl_seconds: i64,
-    pub require_immutable: bool,
-    pub created_at: i64,
-    pub activations: Vec<Pin>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Activation {
-    pub skill: String,
-    pub skill_id: String,
-    pub revision: i64,
-    pub digest: String,
-    pub instructions: String,
-    pub frontmatter: serde_json::Value,
-    pub files: Vec<FileEntry>,
-    pub mount_path: String,
-}
 
 /// The sandbox path of a pinned revision.
 pub fn mount_path(skill_id: &str, revision: i64) -> String {
@@ -436,7 +403,7 @@ impl Registry {
         revision: i64,
         digest: &str,
     ) -> Result<(
-        crate::meta::RevisionRow,
+        crate::meta::Revision,
         Arc<skillbox_package::Manifest>,
         Arc<String>,
     )> {
@@ -812,19 +779,34 @@ impl PinCache {
     }
 }
 
+/// What an execution of a run mounts.
+#[derive(Debug, Clone)]
+pub struct ExecContext {
+    pub run: RunView,
+    /// Every pin of the run, with its tree.
+    pub pinned: Vec<PinnedTree>,
+}
+
+/// A pinned revision ready to mount: its tree in the revision cache and its manifest.
+#[derive(Debug, Clone)]
+pub struct PinnedTree {
+    pub pin: Pin,
+    pub tree: std::path::PathBuf,
+    pub manifest: Arc<skillbox_package::Manifest>,
+}
+
+impl PinnedTree {
+    /// Where the revision is mounted in the run's sandbox.
+    pub fn mount_path(&self) -> String {
+        mount_path(&self.pin.skill_id, self.pin.revision)
+    }
+}
+
 impl Registry {
     /// What an execution of the run mounts: every pin with its revision-cache tree (rebuilt
     /// from the content store if it went missing). Revoked pins refuse the execution with
     /// `revision_revoked`; pins whose content is gone with `pinned_revision_unavailable`.
-    #[allow(clippy::type_complexity)]
-    pub async fn exec_context(
-        &self,
-        workspace: &str,
-        run_id: &str,
-    ) -> Result<(
-        RunView,
-        Vec<(Pin, std::path::PathBuf, Arc<skillbox_package::Manifest>)>,
-    )> {
+    pub async fn exec_context(&self, workspace: &str, run_id: &str) -> Result<ExecContext> {
         let view = self.run(workspace, run_id).await?;
         if view.state != "active" {
             return Err(run_state_error(run_id, &view.state));
@@ -850,10 +832,17 @@ impl Registry {
                         reason: format!("its tree cannot be rebuilt ({e})"),
                     })?;
             }
-            out.push((pin.clone(), tree, manifest));
+            out.push(PinnedTree {
+                pin: pin.clone(),
+                tree,
+                manifest,
+            });
         }
         self.touch_lease(run_id, view.ttl_seconds * 1000, view.expires_at)
             .await?;
-        Ok((view, out))
+        Ok(ExecContext {
+            run: view,
+            pinned: out,
+        })
     }
 }

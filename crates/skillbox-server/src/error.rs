@@ -1,112 +1,92 @@
-//! API errors: `{"error": {"code", "message", ...}}` with the SPEC §5 status codes.
+//! API errors: the `{"error": {"code", "message", ...}}` envelope, with the status each
+//! [`ErrorCode`] has (SPEC §5).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
+use skillbox_api::{ErrorBody, ErrorCode, ErrorEnvelope};
 use skillbox_registry::RegistryError;
 
 #[derive(Debug)]
 pub struct ApiError {
-    pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
-    pub extra: Option<Value>,
+    /// The code's details beside `code` and `message` (`current_revision`, `problems`, …).
+    pub details: Map<String, Value>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
-            status,
             code,
             message: message.into(),
-            extra: None,
+            details: Map::new(),
         }
     }
     pub fn bad_request(m: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "bad_request", m)
+        Self::new(ErrorCode::BadRequest, m)
     }
     pub fn unauthorized(m: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", m)
+        Self::new(ErrorCode::Unauthorized, m)
     }
     pub fn forbidden(m: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "forbidden", m)
+        Self::new(ErrorCode::Forbidden, m)
     }
     pub fn not_found(m: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", m)
+        Self::new(ErrorCode::NotFound, m)
     }
     pub fn too_large(m: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", m)
+        Self::new(ErrorCode::TooLarge, m)
     }
+    pub fn box_unavailable(m: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BoxUnavailable, m)
+    }
+    /// A fault of the server's: logged here, answered 500 `internal`.
     pub fn internal(m: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m)
+        let message = m.into();
+        tracing::error!(error = %message, "internal error");
+        Self::new(ErrorCode::Internal, message)
+    }
+
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The error as the envelope carries it.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code.as_str().to_string(),
+            message: self.message.clone(),
+            details: self.details.clone(),
+        }
     }
 }
 
 impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
         let code = e.code();
-        let message = e.to_string();
-        let (status, extra) = match &e {
-            RegistryError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
-            RegistryError::NotFound(_) => (StatusCode::NOT_FOUND, None),
-            RegistryError::RevisionConflict {
-                current_revision,
-                base_revision,
-            } => (
-                StatusCode::CONFLICT,
-                Some(json!({"current_revision": current_revision, "base_revision": base_revision})),
-            ),
-            RegistryError::SkillDeleted(_) | RegistryError::RevisionRevoked(_) => {
-                (StatusCode::GONE, None)
+        if code == ErrorCode::Internal {
+            // The whole chain: the registry keeps each failure's source.
+            let mut chain = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                chain.push_str(&format!(" <- {s}"));
+                source = s.source();
             }
-            RegistryError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, None),
-            RegistryError::InvalidPackage { problems, warnings } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Some(json!({"problems": problems, "warnings": warnings})),
-            ),
-            RegistryError::SkillNotAuthorized(_) => (StatusCode::FORBIDDEN, None),
-            RegistryError::NotActivated(_) => (StatusCode::NOT_FOUND, None),
-            RegistryError::ActivationConflict {
-                pinned_revision,
-                requested_revision,
-                ..
-            } => (
-                StatusCode::CONFLICT,
-                Some(
-                    json!({"pinned_revision": pinned_revision, "requested_revision": requested_revision}),
-                ),
-            ),
-            RegistryError::PinnedRevisionUnavailable {
-                skill,
-                skill_id,
-                revision,
-                ..
-            } => (
-                StatusCode::GONE,
-                Some(json!({"skill": skill, "skill_id": skill_id, "revision": revision})),
-            ),
-            RegistryError::BoxUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, None),
-            RegistryError::Internal(m) => {
-                tracing::error!(error = %m, "internal error");
-                (StatusCode::INTERNAL_SERVER_ERROR, None)
-            }
-        };
+            tracing::error!(error = %chain, "internal error");
+        }
         ApiError {
-            status,
             code,
-            message,
-            extra,
+            message: e.to_string(),
+            details: e.details(),
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({"code": self.code, "message": self.message});
-        if let (Some(Value::Object(extra)), Value::Object(obj)) = (self.extra, &mut body) {
-            obj.extend(extra);
-        }
-        (self.status, axum::Json(json!({"error": body}))).into_response()
+        let status = self.status();
+        (status, axum::Json(ErrorEnvelope { error: self.body() })).into_response()
     }
 }
 

@@ -1,5 +1,12 @@
-//! The HTTP server (axum): the API of SPEC §5. Handlers are thin — parse, authorize, call
-//! `skillbox-registry`, shape the answer; all logic lives in the registry.
+//! The HTTP server (axum): the API of SPEC §5. Handlers are thin — parse, call
+//! `skillbox-registry`, answer with a `skillbox-api` type; all logic lives in the registry.
+//!
+//! - [`routes`]: the route table (router, access, OpenAPI from one list) and the handlers, one
+//!   file per concern;
+//! - [`auth`]: the one access check every route passes, yielding the [`auth::Caller`];
+//! - [`sandbox`]: the registry → box composition (a run's sandbox from its pins);
+//! - [`error`]: the error envelope; [`extract`]: extractors whose rejections use it;
+//! - [`metrics`], [`openapi`]: `/metrics` and `/openapi.json`.
 //!
 //! - no global lock on the request path: every handler works on its own workspace's rows,
 //!   and the registry's write transactions are short;
@@ -7,11 +14,13 @@
 //!   graceful shutdown;
 //! - `/healthz`, Prometheus `/metrics`, `/openapi.json` from the route table in [`openapi`].
 
-mod api;
+pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod metrics;
 pub mod openapi;
+pub mod routes;
+pub mod sandbox;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
@@ -62,64 +71,9 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
-impl AppState {
-    /// The host directory of a run's `/workspace`.
-    pub fn run_workspace(&self, run: &str) -> std::path::PathBuf {
-        self.registry.data_dir().join("box/workspaces").join(run)
-    }
-
-    /// Releases the sandboxes (workspace, prepared copies) of runs that are no longer active,
-    /// except those with an execution in progress; returns how many were released.
-    pub async fn release_sandboxes(&self, only: Option<&str>) -> usize {
-        let Some(sandbox) = self.sandbox.clone() else {
-            return 0;
-        };
-        let mut candidates: Vec<String> = match only {
-            Some(run) => vec![run.to_string()],
-            None => {
-                let mut ids: Vec<String> =
-                    std::fs::read_dir(self.registry.data_dir().join("box/workspaces"))
-                        .map(|rd| {
-                            rd.flatten()
-                                .map(|e| {
-                                    let name = e.file_name().to_string_lossy().into_owned();
-                                    skillbox_box::workspace::workspace_of_entry(&name).to_string()
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                ids.extend(sandbox.backend.sandboxes());
-                ids
-            }
-        };
-        candidates.sort();
-        candidates.dedup();
-        let mut released = 0;
-        for run in candidates {
-            match self.registry.run_is_live(&run).await {
-                Ok(false) => {}
-                Ok(true) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot check a run's state; keeping its sandbox");
-                    continue;
-                }
-            }
-            let (b, dir) = (sandbox.clone(), self.run_workspace(&run));
-            let id = run.clone();
-            match tokio::task::spawn_blocking(move || b.release(&id, &dir)).await {
-                Ok(Ok(true)) => released += 1,
-                Ok(Ok(false)) => {}
-                Ok(Err(e)) => tracing::warn!(%run, error = %e, "cannot release a sandbox"),
-                Err(e) => tracing::warn!(%run, error = %e, "sandbox release task failed"),
-            }
-        }
-        released
-    }
-}
-
 /// The application router.
 pub fn router(state: SharedState) -> Router {
-    api::routes()
+    routes::router(&state)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -136,8 +90,7 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
     let response = match tokio::time::timeout(state.cfg.request_timeout, next.run(req)).await {
         Ok(r) => r,
         Err(_) => error::ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "timeout",
+            skillbox_api::ErrorCode::Timeout,
             format!("request took longer than {:?}", state.cfg.request_timeout),
         )
         .into_response(),

@@ -27,6 +27,23 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Counts a publish (or, with `published = false`, a pointer move) by its outcome.
+    pub fn count_publish<T>(
+        &self,
+        r: &Result<T, skillbox_registry::RegistryError>,
+        published: bool,
+    ) {
+        use skillbox_registry::RegistryError as E;
+        let counter = match r {
+            Ok(_) if published => &self.publishes,
+            Ok(_) => return,
+            Err(E::RevisionConflict { .. }) => &self.conflicts,
+            Err(E::InvalidPackage { .. }) => &self.invalid_packages,
+            Err(_) => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn observe(&self, method: &str, route: &str, status: u16, ms: f64) {
         if let Ok(mut r) = self.requests.lock() {
             *r.entry((method.to_string(), route.to_string(), status))

@@ -75,7 +75,11 @@ fn main() -> ExitCode {
 /// with a local code (`connection_failed`, or `bad_request` for what was asked).
 fn describe_error(e: &anyhow::Error) -> (u8, serde_json::Value, String) {
     if let Some(s) = e.downcast_ref::<client::ServerError>() {
-        return (1, s.body.clone(), s.to_string());
+        return (
+            1,
+            serde_json::to_value(&s.body).unwrap_or_default(),
+            s.to_string(),
+        );
     }
     let text = format!("{e:#}");
     let unreachable = e.chain().any(|c| {

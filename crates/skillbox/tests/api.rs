@@ -429,6 +429,7 @@ async fn openapi_lists_every_route() {
         ("get", "/healthz"),
         ("get", "/metrics"),
         ("get", "/openapi.json"),
+        ("get", "/v1/whoami"),
     ];
     let paths = doc["paths"].as_object().unwrap();
     for (m, p) in spec_routes {
@@ -473,6 +474,134 @@ async fn openapi_lists_every_route() {
             );
         }
     }
+}
+
+/// Every route of the table is behind the access the table gives it: one role short is 403,
+/// no token is 401, another workspace's token learns nothing (404) — checked from the table
+/// the router is built from, so a route added without the right access fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_enforces_the_access_in_the_route_table() {
+    use skillbox_registry::Role;
+    use skillbox_server::auth::Access;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let c = http();
+    let mut tokens = std::collections::HashMap::new();
+    for role in ["reader", "author", "runner", "admin"] {
+        tokens.insert(role, token(&c, &s, "acme", role).await);
+    }
+    let other = token(&c, &s, "other", "admin").await;
+    let one_short = |role: Role| match role {
+        Role::Reader => None,
+        Role::Author => Some("reader"),
+        Role::Runner => Some("author"),
+        Role::Admin => Some("runner"),
+    };
+    let mut checked = 0;
+    for route in skillbox_server::routes::ROUTES {
+        let url = format!(
+            "{}{}",
+            s.url,
+            route
+                .path
+                .replace("{ws}", "acme")
+                .replace("{name}", "demo")
+                .replace("{rev}", "1")
+                .replace("{*path}", "SKILL.md")
+                .replace("{id}", "d1")
+                .replace("{run}", "r1")
+        );
+        // The event stream follows forever unless told otherwise.
+        let url = if route.path.ends_with("/events") {
+            format!("{url}?follow=false")
+        } else {
+            url
+        };
+        let method = reqwest::Method::from_bytes(route.verb.as_str().as_bytes()).unwrap();
+        let call = |token: Option<&str>| {
+            let mut rb = c
+                .request(method.clone(), &url)
+                .header("content-type", "application/json")
+                .body("{}");
+            if let Some(t) = token {
+                rb = rb.bearer_auth(t);
+            }
+            async move {
+                let r = rb.send().await.unwrap();
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.unwrap_or(Value::Null);
+                (status, error_code(&v).to_string())
+            }
+        };
+        let what = format!("{} {}", route.verb.as_str(), route.path);
+        match route.access {
+            Access::Public => continue,
+            Access::AnyToken => {
+                assert_eq!(call(None).await.0, 401, "{what} without a token");
+            }
+            Access::ServerAdmin => {
+                assert_eq!(call(None).await.0, 401, "{what} without a token");
+                let (st, code) = call(Some(&tokens["admin"])).await;
+                assert_eq!(
+                    (st, code.as_str()),
+                    (403, "forbidden"),
+                    "{what} with a workspace admin token"
+                );
+            }
+            Access::Workspace(role) => {
+                assert_eq!(call(None).await.0, 401, "{what} without a token");
+                let (st, code) = call(Some(&other)).await;
+                assert_eq!(
+                    (st, code.as_str()),
+                    (404, "not_found"),
+                    "{what} with another workspace's token"
+                );
+                if let Some(short) = one_short(role) {
+                    let (st, code) = call(Some(&tokens[short])).await;
+                    assert_eq!(
+                        (st, code.as_str()),
+                        (403, "forbidden"),
+                        "{what} with a {short} token"
+                    );
+                }
+                // The role itself passes the check: whatever it answers, it is not a refusal.
+                let (st, _) = call(Some(&tokens[role.as_str()])).await;
+                assert!(
+                    ![401, 403].contains(&st),
+                    "{what} refused its own role ({st})"
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} routes checked");
+}
+
+/// `GET /v1/whoami` says what a token is and may do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whoami_names_the_tokens_role_and_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &["--box", "none"]);
+    let c = http();
+    let runner = token(&c, &s, "acme", "runner").await;
+    let (st, v) = get(&c, &format!("{}/v1/whoami", s.url), &runner).await;
+    assert_eq!(st, 200, "{v}");
+    let me: skillbox_api::WhoAmI = serde_json::from_value(v).unwrap();
+    assert_eq!(
+        me,
+        skillbox_api::WhoAmI {
+            role: "runner".into(),
+            workspace: Some("acme".into()),
+            box_available: false,
+        }
+    );
+    let (_, v) = get(&c, &format!("{}/v1/whoami", s.url), ADMIN).await;
+    assert_eq!(
+        (v["role"].as_str(), v["workspace"].is_null()),
+        (Some("admin"), true)
+    );
+    let (st, v) = get(&c, &format!("{}/v1/whoami", s.url), "nope").await;
+    assert_eq!((st, error_code(&v)), (401, "unauthorized"));
 }
 
 /// Sends `head` then `body` (from another thread, ignoring a server that hangs up early) and

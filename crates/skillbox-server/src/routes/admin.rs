@@ -1,0 +1,45 @@
+//! Server administration: tokens, garbage collection, fsck.
+
+use crate::SharedState;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiJson;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use skillbox_api::{CreateToken, FsckReport, GcReport, GcRequest, TokenCreated};
+use skillbox_registry::Role;
+
+pub async fn create_token(
+    State(s): State<SharedState>,
+    ApiJson(body): ApiJson<CreateToken>,
+) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
+    let role = Role::parse(&body.role).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unknown role {:?}: use reader, author, runner or admin",
+            body.role
+        ))
+    })?;
+    let token = s.registry.create_token(&body.workspace, role).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(TokenCreated {
+            token,
+            workspace: body.workspace,
+            role: role.as_str().into(),
+        }),
+    ))
+}
+
+pub async fn gc(
+    State(s): State<SharedState>,
+    body: Option<ApiJson<GcRequest>>,
+) -> ApiResult<Json<GcReport>> {
+    let body = body.map(|ApiJson(b)| b).unwrap_or_default();
+    let grace =
+        std::time::Duration::from_secs(body.grace_seconds.unwrap_or(s.cfg.gc_grace.as_secs()));
+    Ok(Json(s.registry.gc(body.dry_run, grace).await?))
+}
+
+pub async fn fsck(State(s): State<SharedState>) -> ApiResult<Json<FsckReport>> {
+    Ok(Json(s.registry.fsck().await?))
+}

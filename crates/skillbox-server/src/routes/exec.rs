@@ -1,0 +1,224 @@
+//! Execution in a run's sandbox, with exactly the run's pinned packages mounted; answered
+//! whole or, with `?stream=true`, as NDJSON lines ([`ExecStreamLine`]).
+
+use crate::SharedState;
+use crate::auth::truncated;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::sandbox::box_error;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use skillbox_api::{ExecAnswer, ExecOutcome, ExecPackage, ExecQuery, ExecRequest, ExecStreamLine};
+use skillbox_box::{ExecResult, Outcome, Program, StreamKind};
+use skillbox_registry::RegistryError;
+
+const MAX_TIMEOUT_MS: u64 = 600_000;
+const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+const OUTPUT_CAP: usize = 1024 * 1024;
+
+/// What the kernel cannot take (a NUL ends a C string; `=` ends an environment name) is refused
+/// here, naming the field, instead of failing in the sandbox.
+fn check_request(body: &ExecRequest) -> ApiResult<()> {
+    let nul = |field: String| {
+        Err(ApiError::bad_request(format!(
+            "{field} contains a NUL byte, which no program can receive"
+        )))
+    };
+    for (i, arg) in body.argv.iter().flatten().enumerate() {
+        if arg.contains('\0') {
+            return nul(format!("argv[{i}]"));
+        }
+    }
+    if body.command.as_deref().is_some_and(|c| c.contains('\0')) {
+        return nul("command".into());
+    }
+    if body.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
+        return nul("cwd".into());
+    }
+    for (name, value) in &body.env {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(ApiError::bad_request(format!(
+                "env: {:?} is not a variable name (names are non-empty, without '=' or NUL)",
+                truncated(name, 80)
+            )));
+        }
+        if value.contains('\0') {
+            return nul(format!("env[{:?}]", truncated(name, 80)));
+        }
+    }
+    Ok(())
+}
+
+pub async fn exec(
+    State(s): State<SharedState>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+    ApiQuery(q): ApiQuery<ExecQuery>,
+    ApiJson(body): ApiJson<ExecRequest>,
+) -> ApiResult<Response> {
+    check_request(&body)?;
+    let context = s.registry.exec_context(&ws, &run).await?;
+    let sandbox_rt = s.running_box()?;
+    let caps = sandbox_rt.backend.capabilities();
+    if context.run.require_immutable && !caps.immutable {
+        return Err(ApiError::box_unavailable(format!(
+            "this run requires read-only packages and the {} backend cannot enforce them",
+            caps.backend
+        )));
+    }
+    let program = match (body.argv, body.command) {
+        (Some(argv), None) if !argv.is_empty() => Program::Argv(argv),
+        (None, Some(cmd)) => Program::Shell(cmd),
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of argv (non-empty) or command",
+            ));
+        }
+    };
+    // The skill named by the request: its mount path is the default cwd, and its dependency
+    // environment (if its package has a requirements.txt) is activated.
+    let skill_mount = match &body.skill {
+        Some(skill) => Some(
+            context
+                .pinned
+                .iter()
+                .find(|p| &p.pin.skill == skill)
+                .ok_or_else(|| {
+                    RegistryError::NotActivated(format!(
+                        "skill {skill:?} is not activated in run {run}; activate it first"
+                    ))
+                })?
+                .mount_path(),
+        ),
+        None => None,
+    };
+    let cwd = body
+        .cwd
+        .clone()
+        .or_else(|| skill_mount.clone())
+        .unwrap_or_else(|| "/workspace".into());
+    let sandbox = s.run_sandbox(&run, &context, skill_mount)?;
+    let (live, chunks) = if q.stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let req = skillbox_box::ExecRequest {
+        program,
+        cwd,
+        env: body.env,
+        stdin: body.stdin.map(String::into_bytes),
+        timeout: std::time::Duration::from_millis(
+            body.timeout_ms
+                .unwrap_or(DEFAULT_TIMEOUT_MS)
+                .clamp(1, MAX_TIMEOUT_MS),
+        ),
+        output_cap: OUTPUT_CAP,
+        live,
+    };
+    let summary = Summary {
+        sandbox_id: run,
+        backend: caps.backend.to_string(),
+        packages: context
+            .pinned
+            .iter()
+            .map(|p| ExecPackage {
+                skill: p.pin.skill.clone(),
+                revision: p.pin.revision,
+                digest: p.pin.digest.clone(),
+            })
+            .collect(),
+    };
+    let Some(chunks) = chunks else {
+        let result = finish(sandbox_rt.exec(&sandbox, req).await)?;
+        let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&result.stderr).into_owned();
+        let mut answer = summary.answer(&result);
+        answer.stdout = Some(stdout);
+        answer.stderr = Some(stderr);
+        return Ok(Json(answer).into_response());
+    };
+    let running = tokio::spawn(async move { sandbox_rt.exec(&sandbox, req).await });
+    let lines =
+        futures_util::stream::unfold(Some((chunks, running, summary)), |state| async move {
+            let (mut chunks, running, summary) = state?;
+            if let Some((kind, data)) = chunks.recv().await {
+                let data = String::from_utf8_lossy(&data).into_owned();
+                let line = match kind {
+                    StreamKind::Stdout => ExecStreamLine::Stdout { data },
+                    StreamKind::Stderr => ExecStreamLine::Stderr { data },
+                };
+                return Some((Ok(ndjson(&line)), Some((chunks, running, summary))));
+            }
+            let outcome = match running.await {
+                Ok(r) => finish(r),
+                Err(e) => Err(ApiError::internal(format!("execution task failed: {e}"))),
+            };
+            let line = match outcome {
+                Ok(result) => ExecStreamLine::Exit(summary.answer(&result)),
+                Err(e) => ExecStreamLine::Error { error: e.body() },
+            };
+            Some((Ok::<_, std::convert::Infallible>(ndjson(&line)), None))
+        });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+fn ndjson(line: &ExecStreamLine) -> String {
+    let mut text = serde_json::to_string(line).unwrap_or_else(|e| {
+        format!(r#"{{"type":"error","error":{{"code":"internal","message":"{e}"}}}}"#)
+    });
+    text.push('\n');
+    text
+}
+
+/// What every answer of one execution says besides its result.
+struct Summary {
+    sandbox_id: String,
+    backend: String,
+    packages: Vec<ExecPackage>,
+}
+
+impl Summary {
+    /// The answer for `result`, without its output (which the caller adds or streamed).
+    fn answer(&self, result: &ExecResult) -> ExecAnswer {
+        ExecAnswer {
+            sandbox_id: self.sandbox_id.clone(),
+            backend: self.backend.clone(),
+            packages: self.packages.clone(),
+            outcome: match result.outcome {
+                Outcome::Exited => ExecOutcome::Exited,
+                Outcome::Signaled => ExecOutcome::Signaled,
+                Outcome::TimedOut => ExecOutcome::TimedOut,
+                Outcome::Killed => ExecOutcome::Killed,
+                Outcome::SandboxFailure => ExecOutcome::SandboxFailure,
+            },
+            exit_code: result.exit_code,
+            signal: result.signal,
+            timed_out: result.timed_out,
+            stdout: None,
+            stderr: None,
+            stdout_truncated: result.stdout_truncated,
+            stderr_truncated: result.stderr_truncated,
+            duration_ms: result.duration_ms,
+        }
+    }
+}
+
+/// Maps the box's answer: a revocation kill is `revision_revoked`.
+fn finish(r: Result<ExecResult, skillbox_box::BoxError>) -> ApiResult<ExecResult> {
+    let result = r.map_err(box_error)?;
+    if result.outcome == Outcome::Killed {
+        return Err(RegistryError::RevisionRevoked(
+            "the execution was killed: a revision it mounts was revoked".into(),
+        )
+        .into());
+    }
+    Ok(result)
+}

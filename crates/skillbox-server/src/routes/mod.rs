@@ -1,0 +1,237 @@
+//! The route table — one list that builds the router ([`router`]), enforces each route's
+//! access ([`crate::auth`]) and writes the OpenAPI document ([`crate::openapi`]) — and the
+//! handlers, one file per concern. A handler parses, calls the registry (or the box through
+//! [`crate::sandbox`]) and answers with a `skillbox_api` type.
+
+mod admin;
+mod drafts;
+mod events;
+mod exec;
+mod ops;
+mod revisions;
+mod runs;
+mod skills;
+
+use crate::SharedState;
+use crate::auth::Access;
+use crate::error::{ApiError, ApiResult};
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter};
+use skillbox_registry::{FileContent, Role};
+
+/// An HTTP method of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    Put,
+    Post,
+    Delete,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Get => "GET",
+            Verb::Put => "PUT",
+            Verb::Post => "POST",
+            Verb::Delete => "DELETE",
+        }
+    }
+
+    fn filter(self) -> MethodFilter {
+        match self {
+            Verb::Get => MethodFilter::GET,
+            Verb::Put => MethodFilter::PUT,
+            Verb::Post => MethodFilter::POST,
+            Verb::Delete => MethodFilter::DELETE,
+        }
+    }
+}
+
+/// One route: method, axum path, who may call it, what it does, and its handler.
+pub struct Route {
+    pub verb: Verb,
+    pub path: &'static str,
+    pub access: Access,
+    pub summary: &'static str,
+    handler: fn(MethodFilter) -> MethodRouter<SharedState>,
+}
+
+macro_rules! route {
+    ($verb:ident $path:literal, $access:expr, $handler:path, $summary:literal) => {
+        Route {
+            verb: Verb::$verb,
+            path: $path,
+            access: $access,
+            summary: $summary,
+            handler: |m| axum::routing::on(m, $handler),
+        }
+    };
+}
+
+const READER: Access = Access::Workspace(Role::Reader);
+const AUTHOR: Access = Access::Workspace(Role::Author);
+const RUNNER: Access = Access::Workspace(Role::Runner);
+const ADMIN: Access = Access::Workspace(Role::Admin);
+
+/// Every route the server answers (SPEC §5).
+pub static ROUTES: &[Route] = &[
+    route!(Get "/healthz", Access::Public, ops::healthz,
+        "Liveness: 200 when the server runs and its metadata store answers."),
+    route!(Get "/metrics", Access::Public, ops::metrics, "Prometheus metrics."),
+    route!(Get "/openapi.json", Access::Public, ops::openapi, "This document."),
+    route!(Get "/v1/whoami", Access::AnyToken, ops::whoami,
+        "The bearer token's identity: {role, workspace (null for the admin token), box_available}."),
+    route!(Get "/v1/workspaces/{ws}/skills", READER, skills::list, "List skills (not deleted)."),
+    route!(Get "/v1/workspaces/{ws}/skills/{name}", READER, skills::detail,
+        "Skill detail with its current revision and frontmatter."),
+    route!(Delete "/v1/workspaces/{ws}/skills/{name}", ADMIN, skills::delete, "Soft-delete a skill."),
+    route!(Post "/v1/workspaces/{ws}/skills/{name}/revisions", AUTHOR, skills::publish,
+        "Publish a revision (body: zip, tar or tar.gz; query base_revision)."),
+    route!(Put "/v1/workspaces/{ws}/skills/{name}/current", AUTHOR, skills::move_current,
+        "Move the current pointer (rollback), compare-and-swap."),
+    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions", READER, revisions::list,
+        "Revision history, newest first."),
+    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}", READER, revisions::detail,
+        "One revision with its manifest; rev is a number or 'current'."),
+    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}", READER,
+        revisions::file, "File bytes; ETag is the file's sha256."),
+    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive", READER,
+        revisions::archive, "Deterministic tar of the revision."),
+    route!(Post "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke", ADMIN, revisions::revoke,
+        "Emergency revocation of one revision {reason}: reads, activations and executions fail, running executions are killed."),
+    route!(Post "/v1/workspaces/{ws}/drafts", AUTHOR, drafts::create,
+        "Create a draft from a base revision (0 = empty)."),
+    route!(Get "/v1/workspaces/{ws}/drafts/{id}", READER, drafts::detail,
+        "Draft detail and its file list."),
+    route!(Put "/v1/workspaces/{ws}/drafts/{id}", AUTHOR, drafts::rebase,
+        "Rebase: set the draft's base revision."),
+    route!(Delete "/v1/workspaces/{ws}/drafts/{id}", AUTHOR, drafts::delete, "Delete a draft."),
+    route!(Get "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", READER, drafts::file_get,
+        "Read a draft file."),
+    route!(Put "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", AUTHOR, drafts::file_put,
+        "Write a draft file (query executable=true for an executable)."),
+    route!(Delete "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", AUTHOR, drafts::file_delete,
+        "Delete a draft file."),
+    route!(Post "/v1/workspaces/{ws}/drafts/{id}/publish", AUTHOR, drafts::publish,
+        "Publish the draft with its base revision."),
+    route!(Post "/v1/workspaces/{ws}/runs", RUNNER, runs::create,
+        "Create a run {skills?, ttl_seconds?, require_immutable?}."),
+    route!(Get "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::detail,
+        "A run: state, lease and activations (pins)."),
+    route!(Delete "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::finish,
+        "Finish the run: release its pins and sandbox."),
+    route!(Post "/v1/workspaces/{ws}/runs/{run}/activations", RUNNER, runs::activate,
+        "Activate (pin) a skill {skill, revision?}: instructions, files, mount path."),
+    route!(Get "/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}", RUNNER,
+        runs::pinned_file, "Read a file of the run's pinned revision."),
+    route!(Post "/v1/workspaces/{ws}/runs/{run}/heartbeat", RUNNER, runs::heartbeat,
+        "Extend the run's lease."),
+    route!(Get "/v1/workspaces/{ws}/runs/{run}/prompt", RUNNER, runs::prompt,
+        "The authorized skills' <available_skills> index for a system prompt."),
+    route!(Post "/v1/workspaces/{ws}/runs/{run}/exec", RUNNER, exec::exec,
+        "Execute in the run's sandbox {skill?, argv | command, cwd?, env?, timeout_ms?, stdin?}; ?stream=true answers NDJSON."),
+    route!(Post "/v1/workspaces/{ws}/runs/{run}/drafts", RUNNER, drafts::create_in_run,
+        "Create a run draft {skill, base_revision?} at /workspace/skill-drafts/<draft-id>/ in the run's sandbox; publish it with the drafts publish call."),
+    route!(Get "/v1/workspaces/{ws}/events", READER, events::stream,
+        "Event log as Server-Sent Events from ?after=SEQ (follow=false ends after the backlog)."),
+    route!(Post "/v1/admin/tokens", Access::ServerAdmin, admin::create_token,
+        "Mint a workspace token {workspace, role}; shown once."),
+    route!(Post "/v1/admin/gc", Access::ServerAdmin, admin::gc,
+        "Collect unreferenced revisions and content {dry_run?, grace_seconds?}."),
+    route!(Post "/v1/admin/fsck", Access::ServerAdmin, admin::fsck,
+        "Re-verify stored content; report problems, change nothing."),
+];
+
+/// The router of [`ROUTES`], each route behind its access check.
+pub fn router(state: &SharedState) -> Router<SharedState> {
+    let mut router = Router::new();
+    for route in ROUTES {
+        let mut methods = (route.handler)(route.verb.filter());
+        if route.access != Access::Public {
+            let access = route.access;
+            methods = methods.route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                move |state: axum::extract::State<SharedState>,
+                      req: axum::extract::Request,
+                      next: axum::middleware::Next| {
+                    crate::auth::check(state, access, req, next)
+                },
+            ));
+        }
+        router = router.route(route.path, methods);
+    }
+    router
+        .layer(axum::extract::DefaultBodyLimit::max(2 * 1024 * 1024))
+        .fallback(|| async { ApiError::not_found("no such route; see /openapi.json") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                skillbox_api::ErrorCode::MethodNotAllowed,
+                "this route does not take that method; see /openapi.json",
+            )
+        })
+}
+
+fn content_type_for(path: &str) -> &'static str {
+    let ext = path.rsplit('.').next().unwrap_or("");
+    match ext {
+        "md" => "text/markdown; charset=utf-8",
+        "txt" | "py" | "sh" | "js" | "ts" | "toml" | "yaml" | "yml" | "csv" | "rs" => {
+            "text/plain; charset=utf-8"
+        }
+        "json" => "application/json",
+        "html" => "text/html; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+/// A file's bytes with `ETag: "sha256:<hex>"`; `If-None-Match` answers 304.
+async fn file_response(
+    headers: &HeaderMap,
+    entry: &skillbox_package::FileEntry,
+    content: FileContent,
+) -> ApiResult<Response> {
+    let etag = format!("\"sha256:{}\"", entry.sha256);
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(etag.as_str())
+    {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
+    }
+    let body = match content {
+        FileContent::Bytes(b) => Body::from(b),
+        // The registry reads small files whole (`file_content`); only large ones stream.
+        FileContent::Path(p) => {
+            let f = tokio::fs::File::open(&p)
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            Body::from_stream(tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024))
+        }
+    };
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::ETAG,
+        HeaderValue::from_str(&etag).map_err(|e| ApiError::internal(e.to_string()))?,
+    );
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type_for(&entry.path)),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+    Ok(resp)
+}
+
+/// A publish's answer: 201 for a new revision, 200 for a replayed retry.
+fn published(p: skillbox_api::Published) -> (StatusCode, axum::Json<skillbox_api::Published>) {
+    let status = if p.replayed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    (status, axum::Json(p))
+}

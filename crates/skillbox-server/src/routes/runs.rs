@@ -1,0 +1,83 @@
+//! Runs: create, detail, finish, heartbeat, activation (pinning), pinned reads, the prompt
+//! index.
+
+use super::file_response;
+use crate::SharedState;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, ApiPath};
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use skillbox_api::{Activate, Activation, CreateRun, Prompt, PromptSkill, RunView};
+
+pub async fn create(
+    State(s): State<SharedState>,
+    ApiPath(ws): ApiPath<String>,
+    body: Option<ApiJson<CreateRun>>,
+) -> ApiResult<(StatusCode, Json<RunView>)> {
+    let body = body.map(|ApiJson(b)| b).unwrap_or_default();
+    let run = s
+        .registry
+        .create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable)
+        .await?;
+    Ok((StatusCode::CREATED, Json(run)))
+}
+
+pub async fn detail(
+    State(s): State<SharedState>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+) -> ApiResult<Json<RunView>> {
+    Ok(Json(s.registry.run(&ws, &run).await?))
+}
+
+pub async fn finish(
+    State(s): State<SharedState>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+) -> ApiResult<Json<RunView>> {
+    let view = s.registry.finish_run(&ws, &run).await?;
+    s.release_sandboxes(Some(&run)).await;
+    Ok(Json(view))
+}
+
+pub async fn heartbeat(
+    State(s): State<SharedState>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+) -> ApiResult<Json<RunView>> {
+    Ok(Json(s.registry.heartbeat(&ws, &run).await?))
+}
+
+pub async fn activate(
+    State(s): State<SharedState>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<Activate>,
+) -> ApiResult<Json<Activation>> {
+    let a = s
+        .registry
+        .activate(&ws, &run, &body.skill, body.revision)
+        .await?;
+    Ok(Json(a))
+}
+
+pub async fn pinned_file(
+    State(s): State<SharedState>,
+    ApiPath((ws, run, name, path)): ApiPath<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let (entry, content) = s.registry.pinned_file(&ws, &run, &name, &path).await?;
+    file_response(&headers, &entry, content).await
+}
+
+pub async fn prompt(
+    State(s): State<SharedState>,
+    ApiPath((ws, run)): ApiPath<(String, String)>,
+) -> ApiResult<Json<Prompt>> {
+    let (prompt, skills) = s.registry.prompt(&ws, &run).await?;
+    Ok(Json(Prompt {
+        prompt,
+        skills: skills
+            .into_iter()
+            .map(|(name, description)| PromptSkill { name, description })
+            .collect(),
+    }))
+}

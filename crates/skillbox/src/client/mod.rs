@@ -1,0 +1,297 @@
+//! Client commands: talk to a skillbox server over HTTP (`--url`, `--token`, `--workspace`),
+//! sending and reading the `skillbox_api` wire types the server answers with.
+//!
+//! - [`skills`]: publish, list, show, revisions, cat, pull, diff, rollback, delete, revoke;
+//! - [`drafts`]: `draft …`; [`runs`]: `run …`; [`admin`]: events, gc, fsck, tokens.
+
+mod admin;
+mod drafts;
+mod runs;
+mod skills;
+
+pub use admin::TokenCommand;
+pub use drafts::DraftCommand;
+pub use runs::RunCommand;
+
+use anyhow::Context;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use skillbox_api::{ErrorBody, ErrorCode, ErrorEnvelope};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Clone)]
+pub struct Conn {
+    /// Server URL.
+    #[arg(
+        long,
+        env = "SKILLBOX_URL",
+        default_value = "http://127.0.0.1:7420",
+        global = true
+    )]
+    pub url: String,
+    /// Bearer token (a workspace token, or the admin token).
+    #[arg(long, env = "SKILLBOX_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// Workspace (tenant).
+    #[arg(
+        long,
+        short = 'w',
+        env = "SKILLBOX_WORKSPACE",
+        default_value = "default",
+        global = true
+    )]
+    pub workspace: String,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(clap::Subcommand)]
+pub enum ClientCommand {
+    /// Publish a package directory or archive as a new revision (compare-and-swap on --base).
+    Publish {
+        path: PathBuf,
+        /// Skill name (default: the frontmatter name).
+        #[arg(long)]
+        skill: Option<String>,
+        /// The revision this publish replaces (default: the current one; 0 creates the skill).
+        #[arg(long)]
+        base: Option<i64>,
+    },
+    /// List the workspace's skills.
+    Skills,
+    /// Show a skill and its current revision.
+    Show { name: String },
+    /// List a skill's revisions.
+    Revisions { name: String },
+    /// Print one file of a revision: NAME[@REV] PATH.
+    Cat { spec: String, path: String },
+    /// Download a revision into DIR and verify it against its digest: NAME[@REV] DIR.
+    Pull { spec: String, dir: PathBuf },
+    /// Compare two revisions: NAME@A NAME@B (per-file summary, text diffs).
+    Diff { a: String, b: String },
+    /// Move the current pointer back to REV (compare-and-swap against the current one).
+    Rollback { name: String, revision: i64 },
+    /// Soft-delete a skill (runs that pinned it keep working).
+    Delete { name: String },
+    /// Work with drafts.
+    #[command(subcommand)]
+    Draft(DraftCommand),
+    /// Print the workspace's event log (SSE), from --after.
+    Events {
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        /// Keep streaming new events.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Runs: create, activate skills, read pinned files, finish.
+    #[command(subcommand)]
+    Run(RunCommand),
+    /// Emergency revocation of one revision: NAME@REV --reason "...".
+    Revoke {
+        spec: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Garbage collection (admin).
+    Gc {
+        /// Report what would be collected; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Grace period in seconds (default: the server's).
+        #[arg(long)]
+        grace: Option<u64>,
+    },
+    /// Tokens (admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Re-verify stored content against digests (admin).
+    Fsck,
+}
+
+/// A refusal, shown with its code and details; exit status 1. Usually the server's; a package
+/// found invalid before upload is refused here with the body the server would answer, so both
+/// print and exit the same way.
+#[derive(Debug)]
+pub struct ServerError {
+    pub status: u16,
+    pub body: ErrorEnvelope,
+}
+
+impl ServerError {
+    pub fn invalid_package(r: &skillbox_package::Rejection) -> Self {
+        let mut details = serde_json::Map::new();
+        details.insert("problems".into(), serde_json::json!(r.problems));
+        details.insert("warnings".into(), serde_json::json!(r.warnings));
+        ServerError {
+            status: ErrorCode::InvalidPackage.status(),
+            body: ErrorEnvelope {
+                error: ErrorBody {
+                    code: ErrorCode::InvalidPackage.as_str().into(),
+                    message: format!("the package is invalid: {} problem(s)", r.problems.len()),
+                    details,
+                },
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = &self.body.error;
+        write!(f, "{} ({}): {}", e.code, self.status, e.message)?;
+        let problems: Vec<skillbox_package::Problem> = e
+            .details
+            .get("problems")
+            .and_then(|p| serde_json::from_value(p.clone()).ok())
+            .unwrap_or_default();
+        for p in problems {
+            let loc = [p.path.as_deref(), p.field.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(": ");
+            let sep = if loc.is_empty() { "" } else { ": " };
+            write!(f, "\n  {loc}{sep}{}", p.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+/// The HTTP client of one command: the connection settings and typed requests.
+struct Client {
+    http: reqwest::Client,
+    conn: Conn,
+}
+
+impl Client {
+    fn new(conn: Conn) -> anyhow::Result<Self> {
+        Ok(Client {
+            http: reqwest::Client::builder().build()?,
+            conn,
+        })
+    }
+
+    /// A URL under the workspace: `…/v1/workspaces/{ws}/{rest}`.
+    fn ws_url(&self, rest: &str) -> String {
+        format!(
+            "{}/v1/workspaces/{}/{rest}",
+            self.conn.url.trim_end_matches('/'),
+            self.conn.workspace
+        )
+    }
+
+    /// A URL of the server: `…{rest}` (`rest` starts with `/`).
+    fn url(&self, rest: &str) -> String {
+        format!("{}{rest}", self.conn.url.trim_end_matches('/'))
+    }
+
+    fn req(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let r = self.http.request(method, url);
+        match &self.conn.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    /// Sends a request; a non-2xx answer is a [`ServerError`] with the server's error body.
+    async fn send(&self, rb: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let resp = rb.send().await.with_context(|| {
+            format!(
+                "cannot reach the server at {} (is `skillbox serve` running?)",
+                self.conn.url
+            )
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let body = resp
+            .json::<ErrorEnvelope>()
+            .await
+            .unwrap_or_else(|_| ErrorEnvelope {
+                error: ErrorBody {
+                    code: "http".into(),
+                    message: "no error body".into(),
+                    details: Default::default(),
+                },
+            });
+        Err(ServerError { status, body }.into())
+    }
+
+    /// Sends a request and reads its answer as `T`.
+    async fn call<T: DeserializeOwned>(&self, rb: reqwest::RequestBuilder) -> anyhow::Result<T> {
+        let resp = self.send(rb).await?;
+        let url = resp.url().clone();
+        resp.json::<T>()
+            .await
+            .with_context(|| format!("the server's answer to {url} is not what this client reads"))
+    }
+
+    async fn get<T: DeserializeOwned>(&self, url: String) -> anyhow::Result<T> {
+        self.call(self.req(reqwest::Method::GET, url)).await
+    }
+
+    async fn bytes(&self, url: String) -> anyhow::Result<bytes::Bytes> {
+        Ok(self
+            .send(self.req(reqwest::Method::GET, url))
+            .await?
+            .bytes()
+            .await?)
+    }
+}
+
+/// `NAME[@REV]`: the name and the revision (`current` when absent).
+fn split_spec(spec: &str) -> (&str, &str) {
+    spec.split_once('@').unwrap_or((spec, "current"))
+}
+
+/// Prints `v` as one JSON line with `--json`, else `human()`.
+fn print<T: Serialize>(json_mode: bool, v: &T, human: impl FnOnce() -> String) {
+    if json_mode {
+        println!("{}", serde_json::to_string(v).unwrap_or_default());
+    } else {
+        println!("{}", human());
+    }
+}
+
+pub fn run(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run_async(conn, cmd))
+}
+
+async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
+    let j = conn.json;
+    let c = Client::new(conn)?;
+    match cmd {
+        ClientCommand::Publish { path, skill, base } => {
+            skills::publish(&c, &path, skill, base).await?
+        }
+        ClientCommand::Skills => skills::list(&c, j).await?,
+        ClientCommand::Show { name } => skills::show(&c, &name, j).await?,
+        ClientCommand::Revisions { name } => skills::revisions(&c, &name, j).await?,
+        ClientCommand::Cat { spec, path } => skills::cat(&c, &spec, &path).await?,
+        ClientCommand::Pull { spec, dir } => skills::pull(&c, &spec, &dir, j).await?,
+        ClientCommand::Diff { a, b } => skills::diff(&c, &a, &b, j).await?,
+        ClientCommand::Rollback { name, revision } => {
+            skills::rollback(&c, &name, revision, j).await?
+        }
+        ClientCommand::Delete { name } => skills::delete(&c, &name, j).await?,
+        ClientCommand::Revoke { spec, reason } => skills::revoke(&c, &spec, reason, j).await?,
+        ClientCommand::Draft(d) => drafts::run(&c, d, j).await?,
+        ClientCommand::Run(r) => return runs::run(&c, r, j).await,
+        ClientCommand::Events { after, follow } => admin::events(&c, after, follow, j).await?,
+        ClientCommand::Gc { dry_run, grace } => admin::gc(&c, dry_run, grace, j).await?,
+        ClientCommand::Token(TokenCommand::Create { role }) => {
+            admin::create_token(&c, role, j).await?
+        }
+        ClientCommand::Fsck => return admin::fsck(&c, j).await,
+    }
+    Ok(ExitCode::SUCCESS)
+}
