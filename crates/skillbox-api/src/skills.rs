@@ -88,17 +88,9 @@ pub struct RevisionList {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RevisionDetail {
     pub skill: String,
-    pub skill_id: String,
-    pub revision: i64,
-    pub digest: String,
-    pub parent_revision: i64,
-    pub state: String,
-    pub publisher: String,
-    pub published_at: i64,
-    pub file_count: i64,
-    pub size: i64,
+    #[serde(flatten)]
+    pub revision: Revision,
     pub manifest: Vec<FileEntry>,
-    pub frontmatter: Value,
 }
 
 /// `PUT …/skills/{name}/current`: move the pointer, compare-and-swap on `base_revision`.

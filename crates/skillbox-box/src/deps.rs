@@ -18,7 +18,7 @@
 //! environment never has a `READY` and is never mounted. Abandoned builds are removed at
 //! start; a directory in place without a valid `READY` is moved aside and rebuilt.
 //!
-//! Failpoint (tests only): a file `<root>/FAILPOINT` containing `hang` makes the next build
+//! Failpoint (the `failpoints` feature, see [`crate::failpoint`]): `<root>/FAILPOINT` containing `hang` makes the next build
 //! stop after pip, before `READY`, and write `<root>/FAILPOINT.reached` — so a test can kill
 //! the server in the middle of a build.
 
@@ -339,8 +339,9 @@ impl DepEnvs {
 python3 -m venv --without-pip "$E"
 python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
         // Tests only: `stall` keeps the build (and its container) running.
-        let script = if self.take_failpoint_if("stall") {
-            let _ = std::fs::write(self.root.join("FAILPOINT.reached"), b"");
+        let failpoint = crate::failpoint::Failpoint::in_dir(&self.root);
+        let script = if failpoint.take_if("stall") {
+            failpoint.reached();
             format!("{script}\nsleep 600")
         } else {
             script.to_string()
@@ -361,8 +362,8 @@ python3 -m pip --python "$E/bin/python" install -r /inputs/requirements.txt"#;
                 "pip could not install {REQUIREMENTS}: {why}"
             )));
         }
-        if self.take_failpoint() {
-            let _ = std::fs::write(self.root.join("FAILPOINT.reached"), b"");
+        if failpoint.take_if("hang") {
+            failpoint.reached();
             std::future::pending::<()>().await;
         }
         match (&staging, &env.source) {
@@ -400,18 +401,6 @@ printf '%s\\n' \"$K\" > \"$E/{VOLUME_READY}.tmp\"\nmv \"$E/{VOLUME_READY}.tmp\" 
         self.builds.fetch_add(1, Ordering::Relaxed);
         tracing::info!(key = %env.key, ms = started.elapsed().as_millis() as u64, "dependency environment ready");
         Ok(())
-    }
-
-    fn take_failpoint(&self) -> bool {
-        self.take_failpoint_if("hang")
-    }
-
-    /// Tests only: consumes the failpoint file if it names `fault` (another fault is left for
-    /// the place that takes it).
-    fn take_failpoint_if(&self, fault: &str) -> bool {
-        let path = self.root.join("FAILPOINT");
-        std::fs::read_to_string(&path).is_ok_and(|f| f.trim() == fault)
-            && std::fs::remove_file(&path).is_ok()
     }
 }
 

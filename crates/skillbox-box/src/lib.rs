@@ -16,6 +16,7 @@
 pub mod bwrap;
 pub mod deps;
 pub mod docker;
+pub mod failpoint;
 pub mod prepare;
 pub mod workspace;
 
@@ -392,13 +393,6 @@ fn ended(code: Option<i32>, signal: Option<i32>) -> String {
         (None, Some(sig)) => format!("killed by signal {sig}"),
         _ => "ended without an exit code".into(),
     }
-}
-
-/// Tests only: the fault named in the failpoint file `path`, consumed (removed) when read.
-pub(crate) fn take_failpoint(path: &std::path::Path) -> Option<String> {
-    let name = std::fs::read_to_string(path).ok()?;
-    std::fs::remove_file(path).ok()?;
-    Some(name.trim().to_string())
 }
 
 /// Creates `dir` (if missing) for the sandbox user `uid` to write: owned by it, mode 0700.

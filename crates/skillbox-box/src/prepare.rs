@@ -8,7 +8,7 @@
 //! place. A prepared package is re-verified before every execution; one that differs is moved
 //! aside and prepared afresh, never repaired in place. Abandoned staging is removed.
 //!
-//! Failpoints (tests only): a file `<root>/FAILPOINT` naming `truncate`, `flip`, `missing`,
+//! Failpoints (the `failpoints` feature, see [`crate::failpoint`]): `<root>/FAILPOINT` naming `truncate`, `flip`, `missing`,
 //! `extra` or `crash` corrupts the next transfer that way (and is consumed), so the tests can
 //! show that a bad transfer never executes and the next attempt prepares a complete package.
 
@@ -79,10 +79,6 @@ impl PreparedStore {
             .collect())
     }
 
-    fn take_failpoint(&self) -> Option<String> {
-        crate::take_failpoint(&self.root.join("FAILPOINT"))
-    }
-
     /// Where the package of `target` in `sandbox` is (or will be) prepared.
     pub fn package_dir(&self, sandbox: &str, target: &str) -> PathBuf {
         self.root.join(sandbox).join(key_of(target)).join("pkg")
@@ -126,7 +122,7 @@ impl PreparedStore {
             }
             std::fs::copy(mount.source.join(&e.path), &to)?;
         }
-        let fault = self.take_failpoint();
+        let fault = crate::failpoint::Failpoint::in_dir(&self.root).take();
         match fault.as_deref() {
             Some("truncate") | Some("flip") | Some("missing") | Some("extra") => {
                 inject(&copy, manifest, fault.as_deref().unwrap_or(""))?

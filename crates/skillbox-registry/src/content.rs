@@ -140,12 +140,12 @@ impl ContentStore {
         Ok(())
     }
 
-    /// Every blob: hash, size, last modified.
-    pub async fn list_blob_meta(&self) -> Result<Vec<(Sha256, u64, std::time::SystemTime)>> {
+    /// Every object under `prefix` named by a SHA-256: hash, size, last modified.
+    async fn list_hashed(&self, prefix: &str) -> Result<Vec<(Sha256, u64, std::time::SystemTime)>> {
         use futures_util::TryStreamExt;
         let metas: Vec<_> = self
             .store
-            .list(Some(&Key::from("blobs/sha256")))
+            .list(Some(&Key::from(prefix)))
             .try_collect()
             .await?;
         Ok(metas
@@ -160,6 +160,11 @@ impl ContentStore {
             .collect())
     }
 
+    /// Every blob: hash, size, last modified.
+    pub async fn list_blob_meta(&self) -> Result<Vec<(Sha256, u64, std::time::SystemTime)>> {
+        self.list_hashed("blobs/sha256").await
+    }
+
     /// How many blobs the store holds and their bytes, asked of the store itself (local or
     /// remote alike).
     pub async fn usage(&self) -> Result<StoreUsage> {
@@ -172,20 +177,11 @@ impl ContentStore {
 
     /// Every manifest: digest, last modified.
     pub async fn list_manifests(&self) -> Result<Vec<(Digest, std::time::SystemTime)>> {
-        use futures_util::TryStreamExt;
-        let metas: Vec<_> = self
-            .store
-            .list(Some(&Key::from("manifests/sha256")))
-            .try_collect()
-            .await?;
-        Ok(metas
+        Ok(self
+            .list_hashed("manifests/sha256")
+            .await?
             .into_iter()
-            .filter_map(|m| {
-                Some((
-                    Digest(Sha256::from_hex(m.location.filename()?)?),
-                    std::time::SystemTime::from(m.last_modified),
-                ))
-            })
+            .map(|(sha, _, modified)| (Digest(sha), modified))
             .collect())
     }
 

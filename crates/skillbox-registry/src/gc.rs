@@ -213,9 +213,7 @@ impl Registry {
             report.bytes_freed += size;
         }
         tx.commit().await?;
-        if let Ok(mut c) = self.manifests.lock() {
-            c.retain(|d, _| live_now.contains(&d.to_string()));
-        }
+        self.manifests.retain(|d| live_now.contains(&d.to_string()));
         tracing::info!(
             revisions = report.revisions.len(),
             trees = report.trees_removed,

@@ -70,18 +70,56 @@ pub struct Registry {
     pub(crate) content: ContentStore,
     pub(crate) cache: RevisionCache,
     staging: PathBuf,
-    pub(crate) manifests: Mutex<HashMap<Digest, Arc<Manifest>>>,
+    pub(crate) manifests: Memo<Manifest>,
     /// Every revocation (skill id, revision), for the box to kill executions using it.
     pub(crate) revocations: tokio::sync::broadcast::Sender<(String, i64)>,
     pub(crate) pin_cache: runs::PinCache,
     /// Resolved workspace tokens by hash (immutable once minted).
     pub(crate) tokens: Mutex<HashMap<String, Principal>>,
-    instructions: Mutex<HashMap<Digest, Arc<String>>>,
+    instructions: Memo<String>,
     /// Bumped after every committed change: wakes event streams.
     changes: tokio::sync::watch::Sender<u64>,
 }
 
-const MANIFEST_CACHE_ENTRIES: usize = 4096;
+/// A bounded memo of what a digest determines (its manifest, its instructions): immutable
+/// once known, so entries never go stale; past the bound the memo starts afresh.
+pub(crate) struct Memo<T> {
+    entries: Mutex<HashMap<Digest, Arc<T>>>,
+}
+
+impl<T> Default for Memo<T> {
+    fn default() -> Self {
+        Memo {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<T> Memo<T> {
+    const MAX_ENTRIES: usize = 4096;
+
+    fn get(&self, digest: &Digest) -> Option<Arc<T>> {
+        self.entries.lock().ok()?.get(digest).cloned()
+    }
+
+    fn insert(&self, digest: Digest, value: T) -> Arc<T> {
+        let value = Arc::new(value);
+        if let Ok(mut entries) = self.entries.lock() {
+            if entries.len() >= Self::MAX_ENTRIES {
+                entries.clear();
+            }
+            entries.insert(digest, value.clone());
+        }
+        value
+    }
+
+    /// Keeps only the digests `keep` says (the others' content was collected).
+    pub(crate) fn retain(&self, keep: impl Fn(&Digest) -> bool) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.retain(|d, _| keep(d));
+        }
+    }
+}
 
 impl Registry {
     /// Opens (creating if needed) the registry in `cfg.data_dir`, sweeping staging leftovers
@@ -112,11 +150,11 @@ impl Registry {
             content,
             cache,
             staging,
-            manifests: Mutex::new(HashMap::new()),
+            manifests: Memo::default(),
             revocations,
             tokens: Mutex::new(HashMap::new()),
             pin_cache,
-            instructions: Mutex::new(HashMap::new()),
+            instructions: Memo::default(),
             changes,
         }))
     }
@@ -172,35 +210,18 @@ impl Registry {
 
     /// The manifest of `digest`, from memory when hot.
     pub async fn manifest(&self, digest: &Digest) -> Result<Arc<Manifest>> {
-        if let Some(m) = self
-            .manifests
-            .lock()
-            .ok()
-            .and_then(|c| c.get(digest).cloned())
-        {
+        if let Some(m) = self.manifests.get(digest) {
             return Ok(m);
         }
         let m = self.content.get_manifest(digest).await?.ok_or_else(|| {
             RegistryError::broken(format!("manifest {digest} missing from the content store"))
         })?;
-        let m = Arc::new(m);
-        if let Ok(mut c) = self.manifests.lock() {
-            if c.len() >= MANIFEST_CACHE_ENTRIES {
-                c.clear();
-            }
-            c.insert(*digest, m.clone());
-        }
-        Ok(m)
+        Ok(self.manifests.insert(*digest, m))
     }
 
     /// The instructions (SKILL.md body) of a revision, from memory when hot.
     pub async fn instructions(&self, digest: &Digest, manifest: &Manifest) -> Result<Arc<String>> {
-        if let Some(s) = self
-            .instructions
-            .lock()
-            .ok()
-            .and_then(|c| c.get(digest).cloned())
-        {
+        if let Some(s) = self.instructions.get(digest) {
             return Ok(s);
         }
         let entry = manifest
@@ -219,14 +240,8 @@ impl Registry {
                 .ok_or_else(|| RegistryError::broken("SKILL.md blob missing"))?,
         };
         let parsed = skillbox_package::frontmatter::parse_skill_md(&bytes, usize::MAX);
-        let body = Arc::new(parsed.skill.map(|s| s.body).unwrap_or_default());
-        if let Ok(mut c) = self.instructions.lock() {
-            if c.len() >= MANIFEST_CACHE_ENTRIES {
-                c.clear();
-            }
-            c.insert(*digest, body.clone());
-        }
-        Ok(body)
+        let body = parsed.skill.map(|s| s.body).unwrap_or_default();
+        Ok(self.instructions.insert(*digest, body))
     }
 
     /// Events of `workspace` after `after`.

@@ -15,7 +15,7 @@ pub fn document() -> Value {
             .collect();
         let mut op = json!({
             "summary": r.summary,
-            "operationId": format!("{} {}", r.verb.as_str(), r.path),
+            "operationId": format!("{} {}", r.method.as_str(), r.path),
             "parameters": params,
             "responses": {
                 "default": {"description": "Error: {\"error\": {\"code\", \"message\", ...}}",
@@ -28,7 +28,7 @@ pub fn document() -> Value {
             op["x-skillbox-role"] = json!(role);
         }
         let entry = paths.entry(oa_path).or_insert_with(|| json!({}));
-        entry[r.verb.as_str().to_lowercase()] = op;
+        entry[r.method.as_str().to_lowercase()] = op;
     }
     let codes: Vec<&str> = skillbox_api::ErrorCode::ALL
         .iter()

@@ -23,9 +23,10 @@ pub struct DoctorArgs {
 /// bubblewrap: the same probe `serve` runs before it uses the backend, on the same data
 /// directory.
 fn probe_bwrap(a: &DoctorArgs) -> Probe {
-    let probed = crate::serve::bwrap_backend(&a.data_dir, &a.sandbox)
-        .map_err(|e| format!("{e:#}"))
-        .and_then(|b| b.probe().map_err(|e| e.to_string()));
+    let probed =
+        crate::serve::bwrap_backend(&skillbox_registry::DataDir::new(&a.data_dir), &a.sandbox)
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|b| b.probe().map_err(|e| e.to_string()));
     let (works_here, detail) = match probed {
         Ok(ok) => (true, ok),
         Err(e) => (false, e),

@@ -2,10 +2,10 @@
 
 use anyhow::{Context, bail};
 use skillbox_package::Limits;
-use skillbox_registry::{Registry, RegistryConfig};
+use skillbox_registry::{DataDir, Registry, RegistryConfig};
 use skillbox_server::{AppState, ServerConfig};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -113,13 +113,13 @@ fn init_logging(format: &str) {
 }
 
 /// The admin token: `SKILLBOX_ADMIN_TOKEN`, else `<data-dir>/admin-token` (generated, 0600).
-fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
+fn admin_token(data_dir: &DataDir) -> anyhow::Result<String> {
     if let Ok(t) = std::env::var("SKILLBOX_ADMIN_TOKEN")
         && !t.trim().is_empty()
     {
         return Ok(t.trim().to_string());
     }
-    let path = data_dir.join("admin-token");
+    let path = data_dir.admin_token();
     match std::fs::read_to_string(&path) {
         Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
         Ok(_) => {}
@@ -127,7 +127,7 @@ fn admin_token(data_dir: &Path) -> anyhow::Result<String> {
         Err(e) => return Err(e).context(format!("reading {}", path.display())),
     }
     let token = skillbox_registry::auth::generate_token();
-    let tmp = data_dir.join(format!(".admin-token.{}", std::process::id()));
+    let tmp = path.with_file_name(format!(".admin-token.{}", std::process::id()));
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()
@@ -158,7 +158,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(async move {
         let sandbox = choose_box(&a).await?;
         std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
-        let admin_token = admin_token(&a.data_dir)?;
+        let admin_token = admin_token(&DataDir::new(&a.data_dir))?;
         let limits = Limits { max_files: a.max_files, max_file_size: a.max_file_size, max_total_size: a.max_total_size, ..Limits::default() };
         let cfg = RegistryConfig { data_dir: a.data_dir.clone(), database_url: a.database_url.clone(), limits, strict: a.strict };
         let registry = Registry::open(cfg).await.context("opening the registry")?;
@@ -195,15 +195,15 @@ pub const SANDBOX_UID: u32 = 65534;
 /// The bwrap backend as configured (not yet probed): its own uid per sandbox from the pool
 /// recorded under `<data-dir>/box/uids`, the `/tmp` size and the workspace quota.
 pub fn bwrap_backend(
-    data_dir: &Path,
+    data_dir: &DataDir,
     a: &SandboxArgs,
 ) -> anyhow::Result<skillbox_box::bwrap::Bwrap> {
-    let box_dir = data_dir.join("box");
+    let box_dir = data_dir.box_root();
     let mut b = skillbox_box::bwrap::Bwrap::new(SANDBOX_UID);
     b.limits.tmp_bytes = a.tmp_size;
     b.limits.workspace_bytes = a.workspace_quota;
     b.uids = Some(Arc::new(
-        skillbox_box::workspace::UidPool::open(box_dir.join("uids"), a.sandbox_uid_base, 65_536)
+        skillbox_box::workspace::UidPool::open(data_dir.box_uids(), a.sandbox_uid_base, 65_536)
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("opening the sandbox uid pool in {}", box_dir.display()))?,
     ));
@@ -214,7 +214,8 @@ pub fn bwrap_backend(
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.
 async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
-    let (asked, data_dir, copy_mode) = (a.box_backend.as_deref(), &a.data_dir, a.box_copy_mode);
+    let data_dir = DataDir::new(&a.data_dir);
+    let (asked, copy_mode) = (a.box_backend.as_deref(), a.box_copy_mode);
     let index = match (&a.deps_find_links, &a.deps_index_url) {
         (Some(dir), _) => skillbox_box::deps::PackageIndex::FindLinks(
             std::fs::canonicalize(dir)
@@ -228,12 +229,12 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
         build_timeout: std::time::Duration::from_secs(a.deps_build_timeout),
     };
     let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
-        let b = bwrap_backend(data_dir, &a.sandbox)?;
+        let b = bwrap_backend(&data_dir, &a.sandbox)?;
         let ok = b.probe().map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(backend = "bwrap", "{ok}");
         let mut b = b;
         if copy_mode {
-            let store = skillbox_box::prepare::PreparedStore::new(data_dir.join("box/prepared"))?;
+            let store = skillbox_box::prepare::PreparedStore::new(data_dir.box_prepared())?;
             let swept = store.sweep()?;
             tracing::info!(
                 swept,
@@ -241,7 +242,7 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
             );
             b.copies = Some(store);
         }
-        let deps = skillbox_box::deps::DepEnvs::new(data_dir.join("box/envs"), deps_cfg.clone())?;
+        let deps = skillbox_box::deps::DepEnvs::new(data_dir.box_envs(), deps_cfg.clone())?;
         Ok(Arc::new(skillbox_box::BoxRuntime::new(
             Arc::new(b),
             Arc::new(deps),
@@ -262,10 +263,10 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
             cfg.workspace_bytes = a.sandbox.workspace_quota;
             cfg.owner = a.docker_owner.clone();
             if copy_mode {
-                let dir = data_dir.join("box/prepared");
+                let dir = data_dir.box_prepared();
                 std::fs::create_dir_all(&dir)?;
                 cfg.copy_mode = true;
-                cfg.failpoint = Some(dir.join("FAILPOINT"));
+                cfg.failpoint = skillbox_box::failpoint::Failpoint::in_dir(&dir);
                 tracing::info!(
                     "copy mode: packages are uploaded into each sandbox's volume and verified inside it"
                 );
@@ -280,7 +281,7 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
                 recursive_read_only = d.recursive_read_only(),
                 "docker sandbox backend"
             );
-            let deps = skillbox_box::deps::DepEnvs::new(data_dir.join("box/envs"), deps_cfg)?;
+            let deps = skillbox_box::deps::DepEnvs::new(data_dir.box_envs(), deps_cfg)?;
             Ok(Some(Arc::new(skillbox_box::BoxRuntime::new(
                 Arc::new(d),
                 Arc::new(deps),

@@ -517,7 +517,7 @@ async fn every_route_enforces_the_access_in_the_route_table() {
         } else {
             url
         };
-        let method = reqwest::Method::from_bytes(route.verb.as_str().as_bytes()).unwrap();
+        let method = reqwest::Method::from_bytes(route.method.as_str().as_bytes()).unwrap();
         let call = |token: Option<&str>| {
             let mut rb = c
                 .request(method.clone(), &url)
@@ -533,7 +533,7 @@ async fn every_route_enforces_the_access_in_the_route_table() {
                 (status, error_code(&v).to_string())
             }
         };
-        let what = format!("{} {}", route.verb.as_str(), route.path);
+        let what = format!("{} {}", route.method, route.path);
         match route.access {
             Access::Public => continue,
             Access::AnyToken => {

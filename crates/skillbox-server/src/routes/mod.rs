@@ -17,43 +17,14 @@ use crate::auth::Access;
 use crate::error::{ApiError, ApiResult};
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
 use skillbox_registry::{FileContent, Role};
 
-/// An HTTP method of the table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Get,
-    Put,
-    Post,
-    Delete,
-}
-
-impl Verb {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Get => "GET",
-            Verb::Put => "PUT",
-            Verb::Post => "POST",
-            Verb::Delete => "DELETE",
-        }
-    }
-
-    fn filter(self) -> MethodFilter {
-        match self {
-            Verb::Get => MethodFilter::GET,
-            Verb::Put => MethodFilter::PUT,
-            Verb::Post => MethodFilter::POST,
-            Verb::Delete => MethodFilter::DELETE,
-        }
-    }
-}
-
 /// One route: method, axum path, who may call it, what it does, and its handler.
 pub struct Route {
-    pub verb: Verb,
+    pub method: Method,
     pub path: &'static str,
     pub access: Access,
     pub summary: &'static str,
@@ -61,9 +32,9 @@ pub struct Route {
 }
 
 macro_rules! route {
-    ($verb:ident $path:literal, $access:expr, $handler:path, $summary:literal) => {
+    ($method:ident $path:literal, $access:expr, $handler:path, $summary:literal) => {
         Route {
-            verb: Verb::$verb,
+            method: Method::$method,
             path: $path,
             access: $access,
             summary: $summary,
@@ -79,70 +50,70 @@ const ADMIN: Access = Access::Workspace(Role::Admin);
 
 /// Every route the server answers (SPEC §5).
 pub static ROUTES: &[Route] = &[
-    route!(Get "/healthz", Access::Public, ops::healthz,
+    route!(GET "/healthz", Access::Public, ops::healthz,
         "Liveness: 200 when the server runs and its metadata store answers."),
-    route!(Get "/metrics", Access::Public, ops::metrics, "Prometheus metrics."),
-    route!(Get "/openapi.json", Access::Public, ops::openapi, "This document."),
-    route!(Get "/v1/whoami", Access::AnyToken, ops::whoami,
+    route!(GET "/metrics", Access::Public, ops::metrics, "Prometheus metrics."),
+    route!(GET "/openapi.json", Access::Public, ops::openapi, "This document."),
+    route!(GET "/v1/whoami", Access::AnyToken, ops::whoami,
         "The bearer token's identity: {role, workspace (null for the admin token), box_available}."),
-    route!(Get "/v1/workspaces/{ws}/skills", READER, skills::list, "List skills (not deleted)."),
-    route!(Get "/v1/workspaces/{ws}/skills/{name}", READER, skills::detail,
+    route!(GET "/v1/workspaces/{ws}/skills", READER, skills::list, "List skills (not deleted)."),
+    route!(GET "/v1/workspaces/{ws}/skills/{name}", READER, skills::detail,
         "Skill detail with its current revision and frontmatter."),
-    route!(Delete "/v1/workspaces/{ws}/skills/{name}", ADMIN, skills::delete, "Soft-delete a skill."),
-    route!(Post "/v1/workspaces/{ws}/skills/{name}/revisions", AUTHOR, skills::publish,
+    route!(DELETE "/v1/workspaces/{ws}/skills/{name}", ADMIN, skills::delete, "Soft-delete a skill."),
+    route!(POST "/v1/workspaces/{ws}/skills/{name}/revisions", AUTHOR, skills::publish,
         "Publish a revision (body: zip, tar or tar.gz; query base_revision)."),
-    route!(Put "/v1/workspaces/{ws}/skills/{name}/current", AUTHOR, skills::move_current,
+    route!(PUT "/v1/workspaces/{ws}/skills/{name}/current", AUTHOR, skills::move_current,
         "Move the current pointer (rollback), compare-and-swap."),
-    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions", READER, revisions::list,
+    route!(GET "/v1/workspaces/{ws}/skills/{name}/revisions", READER, revisions::list,
         "Revision history, newest first."),
-    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}", READER, revisions::detail,
+    route!(GET "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}", READER, revisions::detail,
         "One revision with its manifest; rev is a number or 'current'."),
-    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}", READER,
+    route!(GET "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/files/{*path}", READER,
         revisions::file, "File bytes; ETag is the file's sha256."),
-    route!(Get "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive", READER,
+    route!(GET "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/archive", READER,
         revisions::archive, "Deterministic tar of the revision."),
-    route!(Post "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke", ADMIN, revisions::revoke,
+    route!(POST "/v1/workspaces/{ws}/skills/{name}/revisions/{rev}/revoke", ADMIN, revisions::revoke,
         "Emergency revocation of one revision {reason}: reads, activations and executions fail, running executions are killed."),
-    route!(Post "/v1/workspaces/{ws}/drafts", AUTHOR, drafts::create,
+    route!(POST "/v1/workspaces/{ws}/drafts", AUTHOR, drafts::create,
         "Create a draft from a base revision (0 = empty)."),
-    route!(Get "/v1/workspaces/{ws}/drafts/{id}", READER, drafts::detail,
+    route!(GET "/v1/workspaces/{ws}/drafts/{id}", READER, drafts::detail,
         "Draft detail and its file list."),
-    route!(Put "/v1/workspaces/{ws}/drafts/{id}", AUTHOR, drafts::rebase,
+    route!(PUT "/v1/workspaces/{ws}/drafts/{id}", AUTHOR, drafts::rebase,
         "Rebase: set the draft's base revision."),
-    route!(Delete "/v1/workspaces/{ws}/drafts/{id}", AUTHOR, drafts::delete, "Delete a draft."),
-    route!(Get "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", READER, drafts::file_get,
+    route!(DELETE "/v1/workspaces/{ws}/drafts/{id}", AUTHOR, drafts::delete, "Delete a draft."),
+    route!(GET "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", READER, drafts::file_get,
         "Read a draft file."),
-    route!(Put "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", AUTHOR, drafts::file_put,
+    route!(PUT "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", AUTHOR, drafts::file_put,
         "Write a draft file (query executable=true for an executable)."),
-    route!(Delete "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", AUTHOR, drafts::file_delete,
+    route!(DELETE "/v1/workspaces/{ws}/drafts/{id}/files/{*path}", AUTHOR, drafts::file_delete,
         "Delete a draft file."),
-    route!(Post "/v1/workspaces/{ws}/drafts/{id}/publish", AUTHOR, drafts::publish,
+    route!(POST "/v1/workspaces/{ws}/drafts/{id}/publish", AUTHOR, drafts::publish,
         "Publish the draft with its base revision."),
-    route!(Post "/v1/workspaces/{ws}/runs", RUNNER, runs::create,
+    route!(POST "/v1/workspaces/{ws}/runs", RUNNER, runs::create,
         "Create a run {skills?, ttl_seconds?, require_immutable?}."),
-    route!(Get "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::detail,
+    route!(GET "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::detail,
         "A run: state, lease and activations (pins)."),
-    route!(Delete "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::finish,
+    route!(DELETE "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::finish,
         "Finish the run: release its pins and sandbox."),
-    route!(Post "/v1/workspaces/{ws}/runs/{run}/activations", RUNNER, runs::activate,
+    route!(POST "/v1/workspaces/{ws}/runs/{run}/activations", RUNNER, runs::activate,
         "Activate (pin) a skill {skill, revision?}: instructions, files, mount path."),
-    route!(Get "/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}", RUNNER,
+    route!(GET "/v1/workspaces/{ws}/runs/{run}/skills/{name}/files/{*path}", RUNNER,
         runs::pinned_file, "Read a file of the run's pinned revision."),
-    route!(Post "/v1/workspaces/{ws}/runs/{run}/heartbeat", RUNNER, runs::heartbeat,
+    route!(POST "/v1/workspaces/{ws}/runs/{run}/heartbeat", RUNNER, runs::heartbeat,
         "Extend the run's lease."),
-    route!(Get "/v1/workspaces/{ws}/runs/{run}/prompt", RUNNER, runs::prompt,
+    route!(GET "/v1/workspaces/{ws}/runs/{run}/prompt", RUNNER, runs::prompt,
         "The authorized skills' <available_skills> index for a system prompt."),
-    route!(Post "/v1/workspaces/{ws}/runs/{run}/exec", RUNNER, exec::exec,
+    route!(POST "/v1/workspaces/{ws}/runs/{run}/exec", RUNNER, exec::exec,
         "Execute in the run's sandbox {skill?, argv | command, cwd?, env?, timeout_ms?, stdin?}; ?stream=true answers NDJSON."),
-    route!(Post "/v1/workspaces/{ws}/runs/{run}/drafts", RUNNER, drafts::create_in_run,
+    route!(POST "/v1/workspaces/{ws}/runs/{run}/drafts", RUNNER, drafts::create_in_run,
         "Create a run draft {skill, base_revision?} at /workspace/skill-drafts/<draft-id>/ in the run's sandbox; publish it with the drafts publish call."),
-    route!(Get "/v1/workspaces/{ws}/events", READER, events::stream,
+    route!(GET "/v1/workspaces/{ws}/events", READER, events::stream,
         "Event log as Server-Sent Events from ?after=SEQ (follow=false ends after the backlog)."),
-    route!(Post "/v1/admin/tokens", Access::ServerAdmin, admin::create_token,
+    route!(POST "/v1/admin/tokens", Access::ServerAdmin, admin::create_token,
         "Mint a workspace token {workspace, role}; shown once."),
-    route!(Post "/v1/admin/gc", Access::ServerAdmin, admin::gc,
+    route!(POST "/v1/admin/gc", Access::ServerAdmin, admin::gc,
         "Collect unreferenced revisions and content {dry_run?, grace_seconds?}."),
-    route!(Post "/v1/admin/fsck", Access::ServerAdmin, admin::fsck,
+    route!(POST "/v1/admin/fsck", Access::ServerAdmin, admin::fsck,
         "Re-verify stored content; report problems, change nothing."),
 ];
 
@@ -150,7 +121,9 @@ pub static ROUTES: &[Route] = &[
 pub fn router(state: &SharedState) -> Router<SharedState> {
     let mut router = Router::new();
     for route in ROUTES {
-        let mut methods = (route.handler)(route.verb.filter());
+        let filter = MethodFilter::try_from(route.method.clone())
+            .unwrap_or_else(|_| panic!("route table: {} is not a routable method", route.method));
+        let mut methods = (route.handler)(filter);
         if route.access != Access::Public {
             let access = route.access;
             methods = methods.route_layer(axum::middleware::from_fn_with_state(

@@ -27,20 +27,10 @@ pub async fn detail(
         .registry
         .revision(&ws, &name, rev.parse::<RevSel>()?)
         .await?;
-    let r = view.revision;
     Ok(Json(RevisionDetail {
         skill: view.skill.name,
-        skill_id: view.skill.id,
-        revision: r.revision,
-        digest: r.digest,
-        parent_revision: r.parent_revision,
-        state: r.state,
-        publisher: r.publisher,
-        published_at: r.published_at,
-        file_count: r.file_count,
-        size: r.size,
         manifest: view.manifest.entries().to_vec(),
-        frontmatter: r.frontmatter,
+        revision: view.revision,
     }))
 }
 

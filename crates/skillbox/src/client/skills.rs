@@ -261,7 +261,7 @@ pub(super) async fn pull(c: &Client, spec: &str, dir: &Path, j: bool) -> anyhow:
     let tar = c
         .bytes(c.ws_url(&format!(
             "skills/{name}/revisions/{}/archive",
-            meta.revision
+            meta.revision.revision
         )))
         .await?;
     if dir.exists() {
@@ -282,10 +282,10 @@ pub(super) async fn pull(c: &Client, spec: &str, dir: &Path, j: bool) -> anyhow:
         bail!("the downloaded archive is damaged: {:?}", intake.problems);
     }
     let got = Manifest::new(intake.files)?.digest().to_string();
-    if got != meta.digest {
+    if got != meta.revision.digest {
         bail!(
             "verification failed: downloaded content has digest {got}, revision says {}; nothing written",
-            meta.digest
+            meta.revision.digest
         );
     }
     let rel = intake
@@ -298,17 +298,17 @@ pub(super) async fn pull(c: &Client, spec: &str, dir: &Path, j: bool) -> anyhow:
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let v = Pulled {
         skill: name,
-        revision: meta.revision,
-        digest: &meta.digest,
+        revision: meta.revision.revision,
+        digest: &meta.revision.digest,
         dir,
         verified: true,
     };
     print(j, &v, || {
         format!(
             "pulled {name}@r{} into {} (verified {})",
-            meta.revision,
+            meta.revision.revision,
             dir.display(),
-            meta.digest
+            meta.revision.digest
         )
     });
     Ok(())
@@ -353,13 +353,13 @@ pub(super) async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Resul
         let d = Diff {
             a: DiffSide {
                 skill: na,
-                revision: ma.revision,
-                digest: &ma.digest,
+                revision: ma.revision.revision,
+                digest: &ma.revision.digest,
             },
             b: DiffSide {
                 skill: nb,
-                revision: mb.revision,
-                digest: &mb.digest,
+                revision: mb.revision.revision,
+                digest: &mb.revision.digest,
             },
             added,
             removed,
@@ -370,8 +370,8 @@ pub(super) async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Resul
     }
     println!(
         "{na}@r{} → {nb}@r{}: {} added, {} removed, {} modified",
-        ma.revision,
-        mb.revision,
+        ma.revision.revision,
+        mb.revision.revision,
         added.len(),
         removed.len(),
         modified.len()
@@ -388,8 +388,8 @@ pub(super) async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Resul
     for p in modified {
         let file =
             |n: &str, r: i64| c.bytes(c.ws_url(&format!("skills/{n}/revisions/{r}/files/{p}")));
-        let old = file(na, ma.revision).await?;
-        let new = file(nb, mb.revision).await?;
+        let old = file(na, ma.revision.revision).await?;
+        let new = file(nb, mb.revision.revision).await?;
         match (std::str::from_utf8(&old), std::str::from_utf8(&new)) {
             (Ok(o), Ok(n)) => {
                 let d = similar::TextDiff::from_lines(o, n);
