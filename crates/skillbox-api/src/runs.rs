@@ -20,14 +20,44 @@ pub struct CreateRun {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunView {
     pub run_id: String,
-    /// `active`, `finished` or `expired`.
-    pub state: String,
+    pub state: RunState,
     pub authorized_skills: Vec<String>,
     pub expires_at: i64,
     pub ttl_seconds: i64,
     pub require_immutable: bool,
     pub created_at: i64,
     pub activations: Vec<Pin>,
+}
+
+/// A run's life: `active` until finished or until its lease lapses (`expired`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Active,
+    Finished,
+    Expired,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Active => "active",
+            RunState::Finished => "finished",
+            RunState::Expired => "expired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RunState> {
+        [RunState::Active, RunState::Finished, RunState::Expired]
+            .into_iter()
+            .find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One skill pinned by a run: the revision every read and execution of the run sees.

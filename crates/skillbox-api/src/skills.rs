@@ -67,8 +67,7 @@ pub struct Revision {
     pub revision: i64,
     pub digest: String,
     pub parent_revision: i64,
-    /// `available`, `revoked` or `collected`.
-    pub state: String,
+    pub state: RevisionState,
     pub publisher: String,
     pub published_at: i64,
     pub file_count: i64,
@@ -76,6 +75,42 @@ pub struct Revision {
     pub frontmatter: Value,
     /// Why the revision left `available` (a revocation's reason).
     pub state_reason: Option<String>,
+}
+
+/// A revision's life: `available` until revoked (an emergency) or collected (unreferenced,
+/// content removed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevisionState {
+    Available,
+    Revoked,
+    Collected,
+}
+
+impl RevisionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RevisionState::Available => "available",
+            RevisionState::Revoked => "revoked",
+            RevisionState::Collected => "collected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RevisionState> {
+        [
+            RevisionState::Available,
+            RevisionState::Revoked,
+            RevisionState::Collected,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for RevisionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `GET …/skills/{name}/revisions`, newest first.
@@ -118,7 +153,7 @@ pub struct Revoked {
     pub skill_id: String,
     pub revision: i64,
     pub digest: String,
-    pub state: String,
+    pub state: RevisionState,
     pub reason: String,
     /// The skill's current revision after the revocation (it falls back when the revoked one
     /// was current).

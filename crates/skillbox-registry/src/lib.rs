@@ -21,7 +21,9 @@ pub mod layout;
 pub mod meta;
 mod publish;
 mod reads;
+mod revoke;
 pub mod runs;
+mod skills;
 
 pub use auth::{Principal, Role};
 pub use error::{RegistryError, Result};

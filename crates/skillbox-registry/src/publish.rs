@@ -144,7 +144,7 @@ impl Registry {
                 return Ok(published(&skill, &cur, pkg.warnings, true));
             }
             if skill.current_revision != base_revision {
-                if let Some(rev) = self.find_replay(&skill, base_revision, &digest).await? {
+                if let Some(rev) = self.meta.replay(&skill.id, base_revision, &digest).await? {
                     return Ok(published(&skill, &rev, pkg.warnings, true));
                 }
                 return Err(RegistryError::RevisionConflict {
@@ -246,20 +246,6 @@ impl Registry {
         .await
         .map_err(RegistryError::internal)??;
         self.content.sync().await
-    }
-
-    async fn find_replay(
-        &self,
-        skill: &SkillRow,
-        base: i64,
-        digest: &str,
-    ) -> Result<Option<Revision>> {
-        Ok(self
-            .meta
-            .revisions(&skill.id)
-            .await?
-            .into_iter()
-            .find(|r| r.parent_revision == base && r.digest == digest))
     }
 }
 

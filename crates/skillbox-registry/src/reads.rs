@@ -203,42 +203,6 @@ impl Registry {
         .map_err(RegistryError::internal)?
         .map_err(|e| RegistryError::context("building the archive", e))
     }
-
-    /// Rollback: moves the pointer to `revision` when it is `base` now.
-    pub async fn move_current(
-        &self,
-        workspace: &str,
-        name: &str,
-        revision: i64,
-        base: i64,
-    ) -> Result<()> {
-        let skill = self.skill(workspace, name).await?;
-        match self
-            .meta
-            .move_current(workspace, &skill, revision, base)
-            .await?
-        {
-            None => {
-                self.notify_change();
-                Ok(())
-            }
-            Some(current_revision) => Err(RegistryError::RevisionConflict {
-                current_revision,
-                base_revision: base,
-            }),
-        }
-    }
-
-    pub async fn delete_skill(&self, workspace: &str, name: &str) -> Result<SkillRow> {
-        let skill = self.skill(workspace, name).await?;
-        if !self.meta.delete_skill(workspace, &skill).await? {
-            return Err(RegistryError::NotFound(format!(
-                "no skill {name:?} in workspace {workspace:?}"
-            )));
-        }
-        self.notify_change();
-        Ok(skill)
-    }
 }
 
 fn summary(s: &SkillRow, cur: Option<&Revision>) -> SkillSummary {

@@ -9,11 +9,11 @@
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
+use crate::meta::{LivePin, PinRef, RevisionState, RunState, run_state_error};
 use crate::meta::{new_id, now_ms};
 use crate::reads::FileContent;
 use skillbox_api::{Activation, Pin, RunView};
 use skillbox_package::{Digest, FileEntry};
-use sqlx::Row;
 use std::sync::Arc;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
@@ -22,46 +22,6 @@ pub const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
 /// The sandbox path of a pinned revision.
 pub fn mount_path(skill_id: &str, revision: i64) -> String {
     format!("/skills/{skill_id}/{revision}")
-}
-
-struct RunRow {
-    state: String,
-    ttl_ms: i64,
-    expires_at: i64,
-    require_immutable: bool,
-    created_at: i64,
-}
-
-async fn run_row(tx: &mut crate::meta::Tx, workspace: &str, id: &str) -> Result<Option<RunRow>> {
-    let row = sqlx::query("SELECT state, ttl_ms, expires_at, require_immutable, created_at FROM runs WHERE id = $1 AND workspace = $2")
-        .bind(id)
-        .bind(workspace)
-        .fetch_optional(&mut **tx)
-        .await?;
-    row.map(|r| {
-        let ri: i64 = r.try_get(3)?;
-        Ok(RunRow {
-            state: r.try_get(0)?,
-            ttl_ms: r.try_get(1)?,
-            expires_at: r.try_get(2)?,
-            require_immutable: ri != 0,
-            created_at: r.try_get(4)?,
-        })
-    })
-    .transpose()
-}
-
-fn run_state_error(id: &str, state: &str) -> RegistryError {
-    RegistryError::NotFound(format!("run {id} is {state}; create a new run"))
-}
-
-/// The run's state as of `now` (a lapsed lease reads as `expired` before the sweep marks it).
-fn effective_state(r: &RunRow, now: i64) -> &str {
-    if r.state == "active" && r.expires_at <= now {
-        "expired"
-    } else {
-        &r.state
-    }
 }
 
 impl Registry {
@@ -114,69 +74,30 @@ impl Registry {
         let id = format!("run_{}", new_id());
         let now = now_ms();
         let ttl_ms = (ttl * 1000) as i64;
-        let mut tx = self.meta.write_tx().await?;
-        sqlx::query("INSERT INTO runs (id, workspace, state, ttl_ms, expires_at, require_immutable, created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6)")
-            .bind(&id)
-            .bind(workspace)
-            .bind(ttl_ms)
-            .bind(now + ttl_ms)
-            .bind(require_immutable as i64)
-            .bind(now)
-            .execute(&mut *tx)
+        self.meta
+            .insert_run(&id, workspace, ttl_ms, require_immutable, &authorized, now)
             .await?;
-        for (name, skill_id) in &authorized {
-            sqlx::query(
-                "INSERT INTO run_skills (run_id, skill_name, skill_id) VALUES ($1, $2, $3)",
-            )
-            .bind(&id)
-            .bind(name)
-            .bind(skill_id)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
         self.run(workspace, &id).await
     }
 
     /// A run with its activations.
     pub async fn run(&self, workspace: &str, id: &str) -> Result<RunView> {
-        let mut tx = self.meta.pool().begin().await?;
-        let r = run_row(&mut tx, workspace, id).await?.ok_or_else(|| {
+        let record = self.meta.run(workspace, id).await?.ok_or_else(|| {
             RegistryError::NotFound(format!("no run {id:?} in workspace {workspace:?}"))
         })?;
-        let names =
-            sqlx::query("SELECT skill_name FROM run_skills WHERE run_id = $1 ORDER BY skill_name")
-                .bind(id)
-                .fetch_all(&mut *tx)
-                .await?;
-        let pins = sqlx::query("SELECT skill_name, skill_id, revision, digest, activated_at FROM pins WHERE run_id = $1 ORDER BY activated_at, skill_name")
-            .bind(id)
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.commit().await?;
         Ok(RunView {
             run_id: id.to_string(),
-            state: effective_state(&r, now_ms()).to_string(),
-            authorized_skills: names
-                .iter()
-                .map(|n| n.try_get(0))
-                .collect::<Result<_, _>>()?,
-            expires_at: r.expires_at,
-            ttl_seconds: r.ttl_ms / 1000,
-            require_immutable: r.require_immutable,
-            created_at: r.created_at,
-            activations: pins
-                .iter()
-                .map(|p| {
-                    Ok(Pin {
-                        skill: p.try_get(0)?,
-                        skill_id: p.try_get(1)?,
-                        revision: p.try_get(2)?,
-                        digest: p.try_get(3)?,
-                        activated_at: p.try_get(4)?,
-                    })
-                })
-                .collect::<Result<_>>()?,
+            state: record.row.state_at(now_ms()),
+            authorized_skills: record
+                .authorized
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect(),
+            expires_at: record.row.expires_at,
+            ttl_seconds: record.row.ttl_ms / 1000,
+            require_immutable: record.row.require_immutable,
+            created_at: record.row.created_at,
+            activations: record.pins,
         })
     }
 
@@ -184,12 +105,7 @@ impl Registry {
     async fn touch_lease(&self, id: &str, ttl_ms: i64, expires_at: i64) -> Result<()> {
         let now = now_ms();
         if expires_at - now < ttl_ms / 2 {
-            sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1 AND state = 'active' AND expires_at > $3")
-                .bind(id)
-                .bind(now + ttl_ms)
-                .bind(now)
-                .execute(self.meta.writer())
-                .await?;
+            self.meta.renew_lease(id, now + ttl_ms, now).await?;
         }
         Ok(())
     }
@@ -204,194 +120,42 @@ impl Registry {
     ) -> Result<Activation> {
         let now = now_ms();
         // Re-activation is the common case and needs no write: answer it from a read.
-        if let Some((skill_id, revision, digest, ttl_ms, expires_at)) =
-            self.existing_pin(workspace, run_id, skill, now).await?
-        {
-            if let Some(req) = requested.filter(|r| *r != revision) {
-                return Err(RegistryError::ActivationConflict {
-                    skill: skill.to_string(),
-                    pinned_revision: revision,
-                    requested_revision: req,
-                });
-            }
-            return self
-                .activation(
-                    skill, skill_id, revision, digest, run_id, ttl_ms, expires_at,
-                )
-                .await;
-        }
-        let mut tx = self.meta.write_tx().await?;
-        let run = run_row(&mut tx, workspace, run_id).await?.ok_or_else(|| {
-            RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
-        })?;
-        let state = effective_state(&run, now);
-        if state != "active" {
-            return Err(run_state_error(run_id, state));
-        }
-        let skill_id: String =
-            sqlx::query("SELECT skill_id FROM run_skills WHERE run_id = $1 AND skill_name = $2")
-                .bind(run_id)
-                .bind(skill)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| r.try_get(0))
-                .transpose()?
-                .ok_or_else(|| {
-                    RegistryError::SkillNotAuthorized(format!(
-                        "skill {skill:?} is not in this run's authorized set"
-                    ))
-                })?;
-        let existing =
-            sqlx::query("SELECT revision, digest FROM pins WHERE run_id = $1 AND skill_id = $2")
-                .bind(run_id)
-                .bind(&skill_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let (revision, digest) = if let Some(pin) = existing {
-            let (revision, digest): (i64, String) = (pin.try_get(0)?, pin.try_get(1)?);
-            if let Some(req) = requested.filter(|r| *r != revision) {
-                return Err(RegistryError::ActivationConflict {
-                    skill: skill.to_string(),
-                    pinned_revision: revision,
-                    requested_revision: req,
-                });
-            }
-            tx.commit().await?;
-            (revision, digest)
-        } else {
-            let srow = sqlx::query("SELECT state, current_revision FROM skills WHERE id = $1")
-                .bind(&skill_id)
-                .fetch_one(&mut *tx)
-                .await?;
-            let (sstate, current): (String, i64) = (srow.try_get(0)?, srow.try_get(1)?);
-            if sstate != "active" {
-                return Err(RegistryError::SkillDeleted(format!(
-                    "skill {skill:?} was deleted; it cannot be activated in new work"
-                )));
-            }
-            let target = match requested {
-                Some(r) => r,
-                None if current == 0 => {
-                    return Err(RegistryError::NotFound(format!(
-                        "skill {skill:?} has no current revision"
-                    )));
+        let pin = match self.meta.live_pin(workspace, run_id, skill, now).await? {
+            Some(pin) => {
+                if let Some(req) = requested.filter(|r| *r != pin.revision) {
+                    return Err(RegistryError::ActivationConflict {
+                        skill: skill.to_string(),
+                        pinned_revision: pin.revision,
+                        requested_revision: req,
+                    });
                 }
-                None => current,
-            };
-            // Locks the revision row: collection and revocation serialize with this pin.
-            let locked = sqlx::query("UPDATE revisions SET state = state WHERE skill_id = $1 AND revision = $2 AND state = 'available' RETURNING digest")
-                .bind(&skill_id)
-                .bind(target)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(locked) = locked else {
-                let st: Option<String> = sqlx::query(
-                    "SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2",
-                )
-                .bind(&skill_id)
-                .bind(target)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| r.try_get(0))
-                .transpose()?;
-                return Err(match st.as_deref() {
-                    Some("revoked") => RegistryError::RevisionRevoked(format!(
-                        "revision {target} of {skill:?} is revoked"
-                    )),
-                    Some(other) => RegistryError::NotFound(format!(
-                        "revision {target} of {skill:?} is {other}"
-                    )),
-                    None => {
-                        RegistryError::NotFound(format!("skill {skill:?} has no revision {target}"))
-                    }
-                });
-            };
-            let digest: String = locked.try_get(0)?;
-            sqlx::query("INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at) VALUES ($1, $2, $3, $4, $5, $6)")
-                .bind(run_id)
-                .bind(&skill_id)
-                .bind(skill)
-                .bind(target)
-                .bind(&digest)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1")
-                .bind(run_id)
-                .bind(now + run.ttl_ms)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            (target, digest)
+                pin
+            }
+            None => {
+                self.meta
+                    .pin(workspace, run_id, skill, requested, now)
+                    .await?
+                    .1
+            }
         };
-        self.activation(
-            skill,
-            skill_id,
-            revision,
-            digest,
-            run_id,
-            run.ttl_ms,
-            run.expires_at,
-        )
-        .await
-    }
-
-    /// The pin of `skill` in a live run, read without a write transaction.
-    async fn existing_pin(
-        &self,
-        workspace: &str,
-        run_id: &str,
-        skill: &str,
-        now: i64,
-    ) -> Result<Option<(String, i64, String, i64, i64)>> {
-        let row = sqlx::query(
-            "SELECT p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at FROM runs r
-             JOIN pins p ON p.run_id = r.id AND p.skill_name = $3
-             WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $4",
-        )
-        .bind(run_id)
-        .bind(workspace)
-        .bind(skill)
-        .bind(now)
-        .fetch_optional(self.meta.pool())
-        .await?;
-        row.map(|r| {
-            Ok((
-                r.try_get(0)?,
-                r.try_get(1)?,
-                r.try_get(2)?,
-                r.try_get(3)?,
-                r.try_get(4)?,
-            ))
-        })
-        .transpose()
+        self.activation(skill, run_id, pin).await
     }
 
     /// The answer to an activation of a pin.
-    #[allow(clippy::too_many_arguments)]
-    async fn activation(
-        &self,
-        skill: &str,
-        skill_id: String,
-        revision: i64,
-        digest: String,
-        run_id: &str,
-        ttl_ms: i64,
-        expires_at: i64,
-    ) -> Result<Activation> {
+    async fn activation(&self, skill: &str, run_id: &str, pin: LivePin) -> Result<Activation> {
         let (rev_row, manifest, instructions) = self
-            .pinned_content(skill, &skill_id, revision, &digest)
+            .pinned_content(skill, &pin.skill_id, pin.revision, &pin.digest)
             .await?;
-        self.touch_lease(run_id, ttl_ms, expires_at).await?;
+        self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
         Ok(Activation {
             skill: skill.to_string(),
-            skill_id: skill_id.clone(),
-            revision,
-            digest,
+            mount_path: mount_path(&pin.skill_id, pin.revision),
+            skill_id: pin.skill_id,
+            revision: pin.revision,
+            digest: pin.digest,
             instructions: instructions.to_string(),
             frontmatter: rev_row.frontmatter,
             files: manifest.entries().to_vec(),
-            mount_path: mount_path(&skill_id, revision),
         })
     }
 
@@ -418,9 +182,9 @@ impl Registry {
             .revision(skill_id, revision)
             .await?
             .ok_or_else(|| unavailable("the revision no longer exists".into()))?;
-        match row.state.as_str() {
-            "available" => {}
-            "revoked" => {
+        match row.state {
+            RevisionState::Available => {}
+            RevisionState::Revoked => {
                 return Err(RegistryError::RevisionRevoked(format!(
                     "revision {revision} of {skill:?} is revoked: {}",
                     row.state_reason.as_deref().unwrap_or("no reason given")
@@ -479,54 +243,45 @@ impl Registry {
     async fn resolve_pin(&self, key: PinKey, now: i64) -> Result<Arc<CachedPin>> {
         let (workspace, run_id, skill) = (&key.0, &key.1, &key.2);
         let generation = self.pin_cache.generation();
-        let row = sqlx::query(
-            "SELECT r.state, r.expires_at, r.ttl_ms, p.skill_id, p.revision, p.digest, v.state, v.state_reason
-             FROM runs r
-             LEFT JOIN pins p ON p.run_id = r.id AND p.skill_name = $3
-             LEFT JOIN revisions v ON v.skill_id = p.skill_id AND v.revision = p.revision
-             WHERE r.id = $1 AND r.workspace = $2",
-        )
-        .bind(run_id)
-        .bind(workspace)
-        .bind(skill)
-        .fetch_optional(self.meta.pool())
-        .await?
-        .ok_or_else(|| RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}")))?;
-        let rstate: String = row.try_get(0)?;
-        let expires_at: i64 = row.try_get(1)?;
-        let ttl_ms: i64 = row.try_get(2)?;
-        if rstate != "active" || expires_at <= now {
-            return Err(run_state_error(
-                run_id,
-                if rstate == "active" {
-                    "expired"
-                } else {
-                    &rstate
-                },
-            ));
+        let found = self
+            .meta
+            .pinned_revision(workspace, run_id, skill)
+            .await?
+            .ok_or_else(|| {
+                RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
+            })?;
+        let (expires_at, ttl_ms) = (found.expires_at, found.ttl_ms);
+        if found.run_state != RunState::Active || expires_at <= now {
+            let state = match found.run_state {
+                RunState::Active => RunState::Expired,
+                other => other,
+            };
+            return Err(run_state_error(run_id, state));
         }
-        let skill_id: Option<String> = row.try_get(3)?;
-        let Some(skill_id) = skill_id else {
+        let Some(PinRef {
+            skill_id,
+            revision,
+            digest,
+            revision_state,
+            state_reason,
+        }) = found.pin
+        else {
             return Err(RegistryError::NotActivated(format!(
                 "skill {skill:?} is not activated in run {run_id}; activate it first"
             )));
         };
-        let revision: i64 = row.try_get(4)?;
-        let digest: String = row.try_get(5)?;
-        let vstate: Option<String> = row.try_get(6)?;
         let unavailable = |reason: &str| RegistryError::PinnedRevisionUnavailable {
             skill: skill.to_string(),
             skill_id: skill_id.clone(),
             revision,
             reason: reason.to_string(),
         };
-        match vstate.as_deref() {
-            Some("available") => {}
-            Some("revoked") => {
-                let reason: Option<String> = row.try_get(7)?;
+        match revision_state {
+            Some(RevisionState::Available) => {}
+            Some(RevisionState::Revoked) => {
                 return Err(RegistryError::RevisionRevoked(format!(
                     "revision {revision} of {skill:?} is revoked: {}",
-                    reason.as_deref().unwrap_or("no reason given")
+                    state_reason.as_deref().unwrap_or("no reason given")
                 )));
             }
             Some(other) => return Err(unavailable(&format!("it was {other}"))),
@@ -557,21 +312,17 @@ impl Registry {
         workspace: &str,
         run_id: &str,
     ) -> Result<(String, Vec<(String, String)>)> {
-        let view = self.run(workspace, run_id).await?;
-        if view.state != "active" {
-            return Err(run_state_error(run_id, &view.state));
+        let record = self.meta.run(workspace, run_id).await?.ok_or_else(|| {
+            RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
+        })?;
+        let state = record.row.state_at(now_ms());
+        if state != RunState::Active {
+            return Err(run_state_error(run_id, state));
         }
         let mut entries = Vec::new();
         let mut locations = Vec::new();
-        let ids = sqlx::query(
-            "SELECT skill_name, skill_id FROM run_skills WHERE run_id = $1 ORDER BY skill_name",
-        )
-        .bind(run_id)
-        .fetch_all(self.meta.pool())
-        .await?;
-        for r in ids {
-            let (name, id): (String, String) = (r.try_get(0)?, r.try_get(1)?);
-            let pinned = view.activations.iter().find(|p| p.skill_id == id);
+        for (name, id) in record.authorized {
+            let pinned = record.pins.iter().find(|p| p.skill_id == id);
             let revision = match pinned {
                 Some(p) => Some(p.revision),
                 None => match self.meta.skill_by_id(&id).await? {
@@ -618,16 +369,9 @@ impl Registry {
     }
 
     pub async fn heartbeat(&self, workspace: &str, run_id: &str) -> Result<RunView> {
-        let now = now_ms();
-        let done = sqlx::query("UPDATE runs SET expires_at = $3 + ttl_ms WHERE id = $1 AND workspace = $2 AND state = 'active' AND expires_at > $3 RETURNING id")
-            .bind(run_id)
-            .bind(workspace)
-            .bind(now)
-            .fetch_optional(self.meta.writer())
-            .await?;
-        if done.is_none() {
+        if !self.meta.heartbeat(workspace, run_id, now_ms()).await? {
             let view = self.run(workspace, run_id).await?;
-            return Err(run_state_error(run_id, &view.state));
+            return Err(run_state_error(run_id, view.state));
         }
         self.run(workspace, run_id).await
     }
@@ -640,39 +384,22 @@ impl Registry {
     }
 
     async fn finish_run_row(&self, workspace: &str, run_id: &str) -> Result<RunView> {
-        let now = now_ms();
-        sqlx::query("UPDATE runs SET state = 'finished', ended_at = $3 WHERE id = $1 AND workspace = $2 AND state = 'active'")
-            .bind(run_id)
-            .bind(workspace)
-            .bind(now)
-            .execute(self.meta.writer())
-            .await?;
+        self.meta.finish_run(workspace, run_id, now_ms()).await?;
         self.run(workspace, run_id).await
     }
 
     /// Whether run `id` (of any workspace) is active now: the box keeps its sandbox while it is.
     pub async fn run_is_live(&self, id: &str) -> Result<bool> {
-        let row = sqlx::query(
-            "SELECT 1 FROM runs WHERE id = $1 AND state = 'active' AND expires_at > $2",
-        )
-        .bind(id)
-        .bind(now_ms())
-        .fetch_optional(self.meta.pool())
-        .await?;
-        Ok(row.is_some())
+        self.meta.run_is_live(id, now_ms()).await
     }
 
     /// Marks runs whose lease lapsed as `expired`; returns how many.
     pub async fn expire_runs(&self) -> Result<u64> {
-        let now = now_ms();
-        let r = sqlx::query("UPDATE runs SET state = 'expired', ended_at = expires_at WHERE state = 'active' AND expires_at <= $1")
-            .bind(now)
-            .execute(self.meta.writer())
-            .await?;
-        if r.rows_affected() > 0 {
+        let expired = self.meta.expire_runs(now_ms()).await?;
+        if expired > 0 {
             self.pin_cache.bump();
         }
-        Ok(r.rows_affected())
+        Ok(expired)
     }
 }
 
@@ -808,8 +535,8 @@ impl Registry {
     /// `revision_revoked`; pins whose content is gone with `pinned_revision_unavailable`.
     pub async fn exec_context(&self, workspace: &str, run_id: &str) -> Result<ExecContext> {
         let view = self.run(workspace, run_id).await?;
-        if view.state != "active" {
-            return Err(run_state_error(run_id, &view.state));
+        if view.state != RunState::Active {
+            return Err(run_state_error(run_id, view.state));
         }
         let mut out = Vec::new();
         for pin in &view.activations {

@@ -1,0 +1,276 @@
+//! The metadata store: workspaces, skills, revisions, drafts, tokens and the event log, in SQL
+//! that runs unchanged on SQLite and PostgreSQL (sqlx's `Any` driver, `$N` placeholders,
+//! integer timestamps, TEXT and BIGINT columns only).
+//!
+//! Concurrency control is the database's: the current-revision pointer moves only by
+//! `UPDATE … WHERE current_revision = $base`, so exactly one of several concurrent writers
+//! (threads, processes or servers) wins. On SQLite, write transactions start with
+//! `BEGIN IMMEDIATE` (no lock upgrades, no deadlocks) and wait on a busy timeout; all hashing
+//! and file I/O happens before a transaction begins, so they stay tiny.
+
+mod drafts;
+mod events;
+mod revisions;
+mod runs;
+mod skills;
+mod tokens;
+
+pub use drafts::DraftRow;
+pub use revisions::{Collectable, CommitOutcome, ContentSweep, NewRevision, Revocation};
+pub(crate) use runs::run_state_error;
+pub use runs::{LivePin, PinRef, PinnedRevision, RunRecord, RunRow};
+
+use crate::error::{RegistryError, Result};
+use serde::Serialize;
+pub use skillbox_api::{DraftFile, Event, Revision, RevisionState, RunState};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+// Dynamic SQL below only concatenates the constant column lists (SKILL_COLS, REV_COLS).
+use sqlx::{AnyPool, AssertSqlSafe, Row};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+pub type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
+#[derive(Clone)]
+pub struct MetaStore {
+    pool: AnyPool,
+    /// Where writes go. SQLite admits one writer at a time: a one-connection pool queues
+    /// writers fairly in the process instead of having them sleep in SQLite's busy handler
+    /// (which makes tail latencies of hundreds of milliseconds). PostgreSQL: the same pool.
+    writer: AnyPool,
+    dialect: Dialect,
+}
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS workspaces (
+        name TEXT PRIMARY KEY,
+        event_seq BIGINT NOT NULL,
+        created_at BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS skills (
+        id TEXT PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        current_revision BIGINT NOT NULL,
+        last_revision BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        deleted_at BIGINT)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS skills_active_name ON skills (workspace, name) WHERE state = 'active'",
+    "CREATE TABLE IF NOT EXISTS revisions (
+        skill_id TEXT NOT NULL,
+        revision BIGINT NOT NULL,
+        digest TEXT NOT NULL,
+        parent_revision BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        publisher TEXT NOT NULL,
+        published_at BIGINT NOT NULL,
+        file_count BIGINT NOT NULL,
+        size BIGINT NOT NULL,
+        frontmatter TEXT NOT NULL,
+        state_reason TEXT,
+        state_changed_at BIGINT,
+        PRIMARY KEY (skill_id, revision))",
+    "CREATE INDEX IF NOT EXISTS revisions_digest ON revisions (digest)",
+    "CREATE TABLE IF NOT EXISTS tokens (
+        hash TEXT PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        role TEXT NOT NULL,
+        created_at BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS drafts (
+        id TEXT PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        skill TEXT NOT NULL,
+        base_revision BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL)",
+    // A run draft: its files live in the run's sandbox workspace, not in draft_files.
+    "CREATE TABLE IF NOT EXISTS run_drafts (
+        draft_id TEXT PRIMARY KEY,
+        run_id TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS draft_files (
+        draft_id TEXT NOT NULL,
+        path TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        executable BIGINT NOT NULL,
+        PRIMARY KEY (draft_id, path))",
+    "CREATE TABLE IF NOT EXISTS events (
+        workspace TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        kind TEXT NOT NULL,
+        at BIGINT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (workspace, seq))",
+    "CREATE TABLE IF NOT EXISTS runs (
+        id TEXT PRIMARY KEY,
+        workspace TEXT NOT NULL,
+        state TEXT NOT NULL,
+        ttl_ms BIGINT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        require_immutable BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        ended_at BIGINT)",
+    "CREATE INDEX IF NOT EXISTS runs_live ON runs (state, expires_at)",
+    "CREATE TABLE IF NOT EXISTS run_skills (
+        run_id TEXT NOT NULL,
+        skill_name TEXT NOT NULL,
+        skill_id TEXT NOT NULL,
+        PRIMARY KEY (run_id, skill_name))",
+    "CREATE TABLE IF NOT EXISTS pins (
+        run_id TEXT NOT NULL,
+        skill_id TEXT NOT NULL,
+        skill_name TEXT NOT NULL,
+        revision BIGINT NOT NULL,
+        digest TEXT NOT NULL,
+        activated_at BIGINT NOT NULL,
+        PRIMARY KEY (run_id, skill_id))",
+    "CREATE INDEX IF NOT EXISTS pins_revision ON pins (skill_id, revision)",
+];
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A skill row.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkillRow {
+    pub id: String,
+    pub workspace: String,
+    pub name: String,
+    pub state: String,
+    pub current_revision: i64,
+    pub last_revision: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+const SKILL_COLS: &str =
+    "id, workspace, name, state, current_revision, last_revision, created_at, updated_at";
+const REV_COLS: &str = "skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter, state_reason";
+
+fn skill_from(r: &AnyRow) -> Result<SkillRow> {
+    Ok(SkillRow {
+        id: r.try_get(0)?,
+        workspace: r.try_get(1)?,
+        name: r.try_get(2)?,
+        state: r.try_get(3)?,
+        current_revision: r.try_get(4)?,
+        last_revision: r.try_get(5)?,
+        created_at: r.try_get(6)?,
+        updated_at: r.try_get(7)?,
+    })
+}
+
+fn revision_from(r: &AnyRow) -> Result<Revision> {
+    let fm: String = r.try_get(9)?;
+    Ok(Revision {
+        skill_id: r.try_get(0)?,
+        revision: r.try_get(1)?,
+        digest: r.try_get(2)?,
+        parent_revision: r.try_get(3)?,
+        state: revision_state(&r.try_get::<String, _>(4)?)?,
+        publisher: r.try_get(5)?,
+        published_at: r.try_get(6)?,
+        file_count: r.try_get(7)?,
+        size: r.try_get(8)?,
+        frontmatter: serde_json::from_str(&fm).map_err(RegistryError::internal)?,
+        state_reason: r.try_get(10)?,
+    })
+}
+
+/// A revision state as stored.
+pub(crate) fn revision_state(s: &str) -> Result<RevisionState> {
+    RevisionState::parse(s)
+        .ok_or_else(|| RegistryError::broken(format!("unknown revision state {s:?}")))
+}
+
+/// Random 128-bit identifier, hex.
+pub fn new_id() -> String {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).expect("the OS random source is available");
+    skillbox_package::digest::to_hex(&b)
+}
+
+/// Checks, inside a write transaction, that content written before it is still present.
+pub type PresenceCheck<'a> = &'a (dyn Fn() -> bool + Send + Sync);
+
+impl MetaStore {
+    /// Connects (`sqlite://…` or `postgres://…`) and applies the schema.
+    pub async fn connect(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let dialect = if url.starts_with("postgres") {
+            Dialect::Postgres
+        } else {
+            Dialect::Sqlite
+        };
+        let opts = AnyPoolOptions::new()
+            .max_connections(if dialect == Dialect::Sqlite { 8 } else { 16 })
+            .acquire_timeout(Duration::from_secs(30))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if dialect == Dialect::Sqlite {
+                        use sqlx::Executor;
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute("PRAGMA synchronous = FULL").await?;
+                        conn.execute("PRAGMA busy_timeout = 30000").await?;
+                    }
+                    Ok(())
+                })
+            });
+        let pool = opts.clone().connect(url).await?;
+        let writer = match dialect {
+            Dialect::Sqlite => opts.max_connections(1).connect(url).await?,
+            Dialect::Postgres => pool.clone(),
+        };
+        let store = MetaStore {
+            pool,
+            writer,
+            dialect,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// The pool for statements that write outside [`MetaStore::write_tx`].
+    pub fn writer(&self) -> &AnyPool {
+        &self.writer
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        for stmt in SCHEMA {
+            sqlx::query(*stmt).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A write transaction (`BEGIN IMMEDIATE` on SQLite).
+    pub async fn write_tx(&self) -> Result<Tx> {
+        Ok(match self.dialect {
+            Dialect::Sqlite => self.writer.begin_with("BEGIN IMMEDIATE").await?,
+            Dialect::Postgres => self.writer.begin().await?,
+        })
+    }
+
+    // --- tokens ---
+
+    // --- drafts ---
+}

@@ -1,0 +1,427 @@
+//! Runs: their authorized skills, pins and leases. A pin is written once, in the transaction
+//! that locks its revision row, so collection and revocation serialize with it.
+
+use super::*;
+use skillbox_api::Pin;
+
+/// A run's row.
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    /// As stored: `active` until finished or marked expired by the sweep.
+    pub state: RunState,
+    pub ttl_ms: i64,
+    pub expires_at: i64,
+    pub require_immutable: bool,
+    pub created_at: i64,
+}
+
+impl RunRow {
+    /// The state as of `now`: a lapsed lease reads as `expired` before the sweep marks it.
+    pub fn state_at(&self, now: i64) -> RunState {
+        if self.state == RunState::Active && self.expires_at <= now {
+            RunState::Expired
+        } else {
+            self.state
+        }
+    }
+}
+
+/// A run with its authorized skills and its pins.
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub row: RunRow,
+    /// (name, skill id), by name.
+    pub authorized: Vec<(String, String)>,
+    /// By activation time.
+    pub pins: Vec<Pin>,
+}
+
+/// A pin of a live run with the run's lease, read without a write transaction.
+#[derive(Debug, Clone)]
+pub struct LivePin {
+    pub skill_id: String,
+    pub revision: i64,
+    pub digest: String,
+    pub ttl_ms: i64,
+    pub expires_at: i64,
+}
+
+/// What a pinned read checks: the run's state and lease, and its pin of a skill (if any) with
+/// the pinned revision's state.
+#[derive(Debug, Clone)]
+pub struct PinnedRevision {
+    pub run_state: RunState,
+    pub expires_at: i64,
+    pub ttl_ms: i64,
+    pub pin: Option<PinRef>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PinRef {
+    pub skill_id: String,
+    pub revision: i64,
+    pub digest: String,
+    /// `None` when the revision row is gone.
+    pub revision_state: Option<RevisionState>,
+    pub state_reason: Option<String>,
+}
+
+fn run_state(s: &str) -> Result<RunState> {
+    RunState::parse(s).ok_or_else(|| RegistryError::broken(format!("unknown run state {s:?}")))
+}
+
+async fn run_row(tx: &mut Tx, workspace: &str, id: &str) -> Result<Option<RunRow>> {
+    let row = sqlx::query("SELECT state, ttl_ms, expires_at, require_immutable, created_at FROM runs WHERE id = $1 AND workspace = $2")
+        .bind(id)
+        .bind(workspace)
+        .fetch_optional(&mut **tx)
+        .await?;
+    row.map(|r| {
+        let require_immutable: i64 = r.try_get(3)?;
+        Ok(RunRow {
+            state: run_state(&r.try_get::<String, _>(0)?)?,
+            ttl_ms: r.try_get(1)?,
+            expires_at: r.try_get(2)?,
+            require_immutable: require_immutable != 0,
+            created_at: r.try_get(4)?,
+        })
+    })
+    .transpose()
+}
+
+/// A run that is not active: `not_found` saying so.
+pub(crate) fn run_state_error(id: &str, state: RunState) -> RegistryError {
+    RegistryError::NotFound(format!("run {id} is {state}; create a new run"))
+}
+
+impl MetaStore {
+    /// Records a new active run authorized for `authorized` (name, skill id).
+    pub async fn insert_run(
+        &self,
+        id: &str,
+        workspace: &str,
+        ttl_ms: i64,
+        require_immutable: bool,
+        authorized: &[(String, String)],
+        now: i64,
+    ) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("INSERT INTO runs (id, workspace, state, ttl_ms, expires_at, require_immutable, created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6)")
+            .bind(id)
+            .bind(workspace)
+            .bind(ttl_ms)
+            .bind(now + ttl_ms)
+            .bind(require_immutable as i64)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        for (name, skill_id) in authorized {
+            sqlx::query(
+                "INSERT INTO run_skills (run_id, skill_name, skill_id) VALUES ($1, $2, $3)",
+            )
+            .bind(id)
+            .bind(name)
+            .bind(skill_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// A run with its authorized skills and pins, read in one transaction.
+    pub async fn run(&self, workspace: &str, id: &str) -> Result<Option<RunRecord>> {
+        let mut tx = self.pool().begin().await?;
+        let Some(row) = run_row(&mut tx, workspace, id).await? else {
+            return Ok(None);
+        };
+        let authorized = sqlx::query(
+            "SELECT skill_name, skill_id FROM run_skills WHERE run_id = $1 ORDER BY skill_name",
+        )
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_>>()?;
+        let pins = sqlx::query("SELECT skill_name, skill_id, revision, digest, activated_at FROM pins WHERE run_id = $1 ORDER BY activated_at, skill_name")
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|p| {
+                Ok(Pin {
+                    skill: p.try_get(0)?,
+                    skill_id: p.try_get(1)?,
+                    revision: p.try_get(2)?,
+                    digest: p.try_get(3)?,
+                    activated_at: p.try_get(4)?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        tx.commit().await?;
+        Ok(Some(RunRecord {
+            row,
+            authorized,
+            pins,
+        }))
+    }
+
+    /// Moves an active, unexpired run's lease to `expires_at`.
+    pub async fn renew_lease(&self, id: &str, expires_at: i64, now: i64) -> Result<()> {
+        sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1 AND state = 'active' AND expires_at > $3")
+            .bind(id)
+            .bind(expires_at)
+            .bind(now)
+            .execute(self.writer())
+            .await?;
+        Ok(())
+    }
+
+    /// The pin of `skill` in a live run.
+    pub async fn live_pin(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        now: i64,
+    ) -> Result<Option<LivePin>> {
+        let row = sqlx::query(
+            "SELECT p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at FROM runs r
+             JOIN pins p ON p.run_id = r.id AND p.skill_name = $3
+             WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $4",
+        )
+        .bind(run_id)
+        .bind(workspace)
+        .bind(skill)
+        .bind(now)
+        .fetch_optional(self.pool())
+        .await?;
+        row.map(|r| {
+            Ok(LivePin {
+                skill_id: r.try_get(0)?,
+                revision: r.try_get(1)?,
+                digest: r.try_get(2)?,
+                ttl_ms: r.try_get(3)?,
+                expires_at: r.try_get(4)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Pins `skill` in the run, once: its existing pin, else the requested (or current)
+    /// revision, whose row is locked while the pin is written. Returns the run's row and the
+    /// pin (skill id, revision, digest).
+    pub async fn pin(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        requested: Option<i64>,
+        now: i64,
+    ) -> Result<(RunRow, LivePin)> {
+        let mut tx = self.write_tx().await?;
+        let run = run_row(&mut tx, workspace, run_id).await?.ok_or_else(|| {
+            RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
+        })?;
+        let state = run.state_at(now);
+        if state != RunState::Active {
+            return Err(run_state_error(run_id, state));
+        }
+        let skill_id: String =
+            sqlx::query("SELECT skill_id FROM run_skills WHERE run_id = $1 AND skill_name = $2")
+                .bind(run_id)
+                .bind(skill)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?
+                .ok_or_else(|| {
+                    RegistryError::SkillNotAuthorized(format!(
+                        "skill {skill:?} is not in this run's authorized set"
+                    ))
+                })?;
+        let conflict = |pinned: i64| {
+            requested
+                .filter(|r| *r != pinned)
+                .map(|req| RegistryError::ActivationConflict {
+                    skill: skill.to_string(),
+                    pinned_revision: pinned,
+                    requested_revision: req,
+                })
+        };
+        let existing =
+            sqlx::query("SELECT revision, digest FROM pins WHERE run_id = $1 AND skill_id = $2")
+                .bind(run_id)
+                .bind(&skill_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let (revision, digest) = if let Some(pin) = existing {
+            let (revision, digest): (i64, String) = (pin.try_get(0)?, pin.try_get(1)?);
+            if let Some(e) = conflict(revision) {
+                return Err(e);
+            }
+            tx.commit().await?;
+            (revision, digest)
+        } else {
+            let srow = sqlx::query("SELECT state, current_revision FROM skills WHERE id = $1")
+                .bind(&skill_id)
+                .fetch_one(&mut *tx)
+                .await?;
+            let (sstate, current): (String, i64) = (srow.try_get(0)?, srow.try_get(1)?);
+            if sstate != "active" {
+                return Err(RegistryError::SkillDeleted(format!(
+                    "skill {skill:?} was deleted; it cannot be activated in new work"
+                )));
+            }
+            let target = match requested {
+                Some(r) => r,
+                None if current == 0 => {
+                    return Err(RegistryError::NotFound(format!(
+                        "skill {skill:?} has no current revision"
+                    )));
+                }
+                None => current,
+            };
+            // Locks the revision row: collection and revocation serialize with this pin.
+            let locked = sqlx::query("UPDATE revisions SET state = state WHERE skill_id = $1 AND revision = $2 AND state = 'available' RETURNING digest")
+                .bind(&skill_id)
+                .bind(target)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(locked) = locked else {
+                let st: Option<String> = sqlx::query(
+                    "SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2",
+                )
+                .bind(&skill_id)
+                .bind(target)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?;
+                return Err(match st.as_deref() {
+                    Some("revoked") => RegistryError::RevisionRevoked(format!(
+                        "revision {target} of {skill:?} is revoked"
+                    )),
+                    Some(other) => RegistryError::NotFound(format!(
+                        "revision {target} of {skill:?} is {other}"
+                    )),
+                    None => {
+                        RegistryError::NotFound(format!("skill {skill:?} has no revision {target}"))
+                    }
+                });
+            };
+            let digest: String = locked.try_get(0)?;
+            sqlx::query("INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at) VALUES ($1, $2, $3, $4, $5, $6)")
+                .bind(run_id)
+                .bind(&skill_id)
+                .bind(skill)
+                .bind(target)
+                .bind(&digest)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1")
+                .bind(run_id)
+                .bind(now + run.ttl_ms)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            (target, digest)
+        };
+        let pin = LivePin {
+            skill_id,
+            revision,
+            digest,
+            ttl_ms: run.ttl_ms,
+            expires_at: run.expires_at,
+        };
+        Ok((run, pin))
+    }
+
+    /// The run's state and lease and its pin of `skill` with the revision's state; `None`
+    /// when there is no such run.
+    pub async fn pinned_revision(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+    ) -> Result<Option<PinnedRevision>> {
+        let row = sqlx::query(
+            "SELECT r.state, r.expires_at, r.ttl_ms, p.skill_id, p.revision, p.digest, v.state, v.state_reason
+             FROM runs r
+             LEFT JOIN pins p ON p.run_id = r.id AND p.skill_name = $3
+             LEFT JOIN revisions v ON v.skill_id = p.skill_id AND v.revision = p.revision
+             WHERE r.id = $1 AND r.workspace = $2",
+        )
+        .bind(run_id)
+        .bind(workspace)
+        .bind(skill)
+        .fetch_optional(self.pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let skill_id: Option<String> = row.try_get(3)?;
+        let pin = match skill_id {
+            None => None,
+            Some(skill_id) => Some(PinRef {
+                skill_id,
+                revision: row.try_get(4)?,
+                digest: row.try_get(5)?,
+                revision_state: row
+                    .try_get::<Option<String>, _>(6)?
+                    .map(|s| revision_state(&s))
+                    .transpose()?,
+                state_reason: row.try_get(7)?,
+            }),
+        };
+        Ok(Some(PinnedRevision {
+            run_state: run_state(&row.try_get::<String, _>(0)?)?,
+            expires_at: row.try_get(1)?,
+            ttl_ms: row.try_get(2)?,
+            pin,
+        }))
+    }
+
+    /// Extends an active run's lease by its ttl from `now`; false when the run is not active.
+    pub async fn heartbeat(&self, workspace: &str, run_id: &str, now: i64) -> Result<bool> {
+        let done = sqlx::query("UPDATE runs SET expires_at = $3 + ttl_ms WHERE id = $1 AND workspace = $2 AND state = 'active' AND expires_at > $3 RETURNING id")
+            .bind(run_id)
+            .bind(workspace)
+            .bind(now)
+            .fetch_optional(self.writer())
+            .await?;
+        Ok(done.is_some())
+    }
+
+    /// Marks an active run finished.
+    pub async fn finish_run(&self, workspace: &str, run_id: &str, now: i64) -> Result<()> {
+        sqlx::query("UPDATE runs SET state = 'finished', ended_at = $3 WHERE id = $1 AND workspace = $2 AND state = 'active'")
+            .bind(run_id)
+            .bind(workspace)
+            .bind(now)
+            .execute(self.writer())
+            .await?;
+        Ok(())
+    }
+
+    /// Whether run `id` (of any workspace) is active at `now`.
+    pub async fn run_is_live(&self, id: &str, now: i64) -> Result<bool> {
+        let row = sqlx::query(
+            "SELECT 1 FROM runs WHERE id = $1 AND state = 'active' AND expires_at > $2",
+        )
+        .bind(id)
+        .bind(now)
+        .fetch_optional(self.pool())
+        .await?;
+        Ok(row.is_some())
+    }
+
+    /// Marks runs whose lease lapsed by `now` as `expired`; returns how many.
+    pub async fn expire_runs(&self, now: i64) -> Result<u64> {
+        let r = sqlx::query("UPDATE runs SET state = 'expired', ended_at = expires_at WHERE state = 'active' AND expires_at <= $1")
+            .bind(now)
+            .execute(self.writer())
+            .await?;
+        Ok(r.rows_affected())
+    }
+}
