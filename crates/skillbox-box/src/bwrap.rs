@@ -562,3 +562,111 @@ impl Backend for Bwrap {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Mount, Sandbox};
+
+    fn sandbox(network: bool) -> Sandbox {
+        let manifest = Arc::new(skillbox_package::Manifest::new(vec![]).unwrap());
+        Sandbox {
+            id: "run_1".into(),
+            workspace_dir: Some(PathBuf::from("/data/box/workspaces/run_1")),
+            mounts: vec![Mount {
+                target: "/skills/sk1/3".into(),
+                source: PathBuf::from("/data/trees/abc"),
+                digest: manifest.digest(),
+                manifest,
+            }],
+            binds: vec![],
+            environment_of: None,
+            network,
+        }
+    }
+
+    fn args(b: &Bwrap, s: &Sandbox) -> Vec<String> {
+        b.bwrap_args(
+            s,
+            "/skills/sk1/3",
+            &BTreeMap::from([("K".into(), "v".into())]),
+            1_000_007,
+        )
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+    }
+
+    /// The position of the run `seq` in `args`.
+    fn find(args: &[String], seq: &[&str]) -> Option<usize> {
+        args.windows(seq.len()).position(|w| w == seq)
+    }
+
+    #[test]
+    fn packages_are_bound_read_only_and_the_workspace_writable() {
+        let a = args(&Bwrap::new(65534), &sandbox(false));
+        assert!(find(&a, &["--ro-bind", "/data/trees/abc", "/skills/sk1/3"]).is_some());
+        assert!(find(&a, &["--bind", "/data/box/workspaces/run_1", "/workspace"]).is_some());
+        // Nothing but the workspace is bound writable.
+        let writable: Vec<_> = a
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| *x == "--bind")
+            .collect();
+        assert_eq!(writable.len(), 1, "{a:?}");
+    }
+
+    #[test]
+    fn the_root_is_remounted_read_only_after_every_mount() {
+        let a = args(&Bwrap::new(65534), &sandbox(false));
+        let remount = find(&a, &["--remount-ro", "/"]).expect("--remount-ro /");
+        let last_mount = a
+            .iter()
+            .rposition(|x| x.ends_with("bind") || x == "--tmpfs" || x == "--dir")
+            .unwrap();
+        assert!(remount > last_mount, "{a:?}");
+        // Parents of the mounts are made explicitly, 0755.
+        assert!(find(&a, &["--perms", "0755", "--dir", "/skills"]).is_some());
+        assert!(find(&a, &["--perms", "0755", "--dir", "/skills/sk1"]).is_some());
+    }
+
+    #[test]
+    fn the_program_runs_as_the_sandbox_uid_without_capabilities() {
+        let a = args(&Bwrap::new(65534), &sandbox(false));
+        let sep = find(&a, &["--", SETPRIV]).expect("setpriv by absolute path");
+        let tail = &a[sep + 1..];
+        for want in [
+            "--reuid=1000007",
+            "--regid=1000007",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ] {
+            assert!(tail.contains(&want.to_string()), "{want} missing: {tail:?}");
+        }
+        assert_eq!(a.last().map(String::as_str), Some("--"));
+        // Only what setpriv needs is kept until then.
+        let caps: Vec<_> = a
+            .windows(2)
+            .filter(|w| w[0] == "--cap-add")
+            .map(|w| w[1].clone())
+            .collect();
+        assert_eq!(caps, SETPRIV_CAPS.map(String::from).to_vec());
+    }
+
+    #[test]
+    fn network_is_cut_unless_allowed_and_tmp_is_capped() {
+        let mut b = Bwrap::new(65534);
+        b.limits.tmp_bytes = 12345;
+        let cut = args(&b, &sandbox(false));
+        assert!(cut.contains(&"--unshare-net".to_string()));
+        assert!(!args(&b, &sandbox(true)).contains(&"--unshare-net".to_string()));
+        assert!(
+            find(&cut, &["--size", "12345", "--tmpfs", "/tmp"]).is_some(),
+            "{cut:?}"
+        );
+        assert!(find(&cut, &["--setenv", "K", "v"]).is_some());
+        assert!(cut.contains(&"--clearenv".to_string()));
+        assert!(find(&cut, &["--chdir", "/skills/sk1/3"]).is_some());
+    }
+}

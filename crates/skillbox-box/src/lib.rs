@@ -698,3 +698,52 @@ fn workspace_transfer(
         ..ExecRequest::shell(script, BTreeMap::from([("D".to_string(), dir.to_string())]))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_capped_and_the_cut_is_said() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut keep = Capped::new(5, Some(tx), StreamKind::Stdout);
+        keep.push(b"abc");
+        assert!(!keep.truncated);
+        keep.push(b"defgh");
+        keep.push(b"ijk");
+        assert_eq!(keep.kept, b"abcde");
+        assert!(keep.truncated);
+        // What is streamed is exactly what is kept.
+        let mut streamed = Vec::new();
+        while let Ok((kind, data)) = rx.try_recv() {
+            assert_eq!(kind, StreamKind::Stdout);
+            streamed.extend(data);
+        }
+        assert_eq!(streamed, b"abcde");
+    }
+
+    #[test]
+    fn a_failure_says_how_it_ended_and_what_it_printed_last() {
+        let result = |outcome, exit_code, signal, stderr: &[u8]| ExecResult {
+            outcome,
+            exit_code,
+            signal,
+            timed_out: outcome == Outcome::TimedOut,
+            stdout: b"out\n".to_vec(),
+            stderr: stderr.to_vec(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 7,
+        };
+        let r = result(Outcome::Exited, Some(3), None, b"1\n2\n3\n4\n5\n6\n7\n");
+        assert_eq!(r.failure(), "exit code 3: 2 | 3 | 4 | 5 | 6 | 7");
+        let r = result(Outcome::Signaled, None, Some(9), b"  \n");
+        assert_eq!(
+            r.failure(),
+            "killed by signal 9: out",
+            "stdout when stderr is blank"
+        );
+        let r = result(Outcome::TimedOut, None, Some(9), b"");
+        assert!(r.failure().starts_with("timed out after 7 ms"));
+    }
+}

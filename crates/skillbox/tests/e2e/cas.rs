@@ -5,8 +5,7 @@
 // `base` is the revision the next publish expects, not a loop index: kept explicit.
 #![allow(clippy::explicit_counter_loop)]
 
-mod support;
-use support::*;
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixteen_publishers_two_processes_one_winner() {

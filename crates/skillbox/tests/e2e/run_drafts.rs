@@ -1,11 +1,11 @@
-//! Run drafts on the real bubblewrap (SPEC §5 `POST …/runs/{run}/drafts`, §4.8): made from
+//! Run drafts on every backend (SPEC §5 `POST …/runs/{run}/drafts`, §4.8): made from
 //! the run's pin (or the current revision) at `/workspace/skill-drafts/<draft-id>/`, edited by
 //! the agent inside the sandbox, published from what is there with the draft's base revision
 //! (409 on conflict); hostile trees are refused and lose nothing.
 
-mod support;
+use crate::backends::Backend;
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 fn notes(v: &str) -> Vec<u8> {
     let md = skill_md("notes", &format!("notes {v}"));
@@ -38,14 +38,17 @@ async fn publish_draft(c: &reqwest::Client, s: &Server, id: &str) -> (u16, Value
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base() {
+/// On every backend: the draft lives in the run's workspace (moving files in and out of it
+/// keeps the run's sandbox), and the run's end releases everything.
+async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &["--box", "bwrap"]);
+    let s = backend.start(dir.path(), &[]);
     let c = http();
     publish(&c, &s, ADMIN, "acme", "notes", 0, notes("v1")).await;
     let run = new_run(&c, &s, &["notes"]).await;
     publish(&c, &s, ADMIN, "acme", "notes", 1, notes("v2")).await;
+    sh(&c, &s, &run, None, "true").await;
+    let handles = backend.sandbox_handles(&run);
 
     // From the run's pin (v1), not the current revision (v2).
     let (st, d) = create_draft(&c, &s, &run, json!({"skill": "notes"})).await;
@@ -175,7 +178,24 @@ async fn run_drafts_are_edited_in_the_sandbox_and_published_with_their_base() {
     assert_eq!((st, error_code(&v)), (403, "skill_not_authorized"), "{v}");
     let (st, v) = create_draft(&c, &s, "nope", json!({"skill": "notes"})).await;
     assert_eq!((st, error_code(&v)), (404, "not_found"), "{v}");
+
+    assert_eq!(
+        backend.sandbox_handles(&run),
+        handles,
+        "the run's sandbox was replaced"
+    );
+    for r in [&run, &fresh] {
+        let r = c
+            .delete(s.ws("acme", &format!("runs/{r}")))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    backend.assert_run_released(dir.path(), &run).await;
 }
+backend_test!(run_drafts_are_edited_in_the_sandbox_and_published_with_their_base);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_run_drafts_are_refused_and_lose_nothing() {

@@ -3,10 +3,9 @@
 //! its digest, no partial revision is visible, the pointer names a complete revision; at the
 //! end `fsck` is clean and staging is empty.
 
-mod support;
+use crate::support::*;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
-use support::*;
 
 const KILLS: usize = 100;
 

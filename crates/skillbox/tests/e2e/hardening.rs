@@ -3,12 +3,11 @@
 //! draft, slow clients, every framework rejection in the SPEC envelope, request timeouts and
 //! invalid workspace names.
 
-mod support;
+use crate::support::*;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bwrap_works_from_a_data_dir_under_a_private_home() {
@@ -115,44 +114,6 @@ async fn one_tenants_fork_bomb_leaves_other_tenants_executing() {
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["timed_out"], true, "{v}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tmp_and_workspace_are_capped() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut args = vec!["--box", "bwrap"];
-    args.extend(SMALL_SANDBOX);
-    let (s, c, run) = hello_run(dir.path(), &args).await;
-    assert_tmp_and_workspace_capped(&c, &s, &run).await;
-    let (st, _) = get(&c, &format!("{}/healthz", s.url), ADMIN).await;
-    assert_eq!(st, 200);
-    // The run's end releases its workspace: no mount is left behind.
-    let r = c
-        .delete(s.ws("acme", &format!("runs/{run}")))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let root = std::fs::canonicalize(dir.path()).unwrap();
-    let mounted = || {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .any(|l| {
-                l.split(' ')
-                    .nth(4)
-                    .is_some_and(|m| std::path::Path::new(m).starts_with(&root))
-            })
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while mounted() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the workspace of a finished run is still mounted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,9 @@
 //! The client CLI against a real server, as a user drives it: every command with `--json`,
 //! exit codes, and the human output of the main ones.
 
-mod support;
+use crate::support::*;
 use serde_json::Value;
 use std::process::Command;
-use support::*;
 
 struct Cli<'a> {
     s: &'a Server,

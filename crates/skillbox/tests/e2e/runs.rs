@@ -1,9 +1,8 @@
 //! Runs with `--box none`: activation pins (SPEC §4.3–4.4), pinned reads, deletion, restart
 //! recovery and unavailable content (§8.1, §8.3, §8.4, §8.7), leases, the prompt index.
 
-mod support;
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 fn v1() -> Vec<u8> {
     let md = skill_md("demo", "version one");

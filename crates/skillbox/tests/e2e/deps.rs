@@ -3,11 +3,10 @@
 //! built offline — mounted read-only, activated for the skill's executions, and never used
 //! half-built.
 
-mod support;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
-use support::*;
+use crate::support::*;
 
 fn py_skill(requirements: &str, tag: &str) -> Vec<u8> {
     let md = skill_md("py", &format!("python skill {tag}"));

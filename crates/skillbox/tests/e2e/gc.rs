@@ -3,9 +3,8 @@
 //! tombstone; a publisher deduplicating against content the collector deletes never ends up
 //! with a revision missing content (randomized race).
 
-mod support;
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 async fn gc(c: &reqwest::Client, s: &Server, body: Value) -> Value {
     let r = c

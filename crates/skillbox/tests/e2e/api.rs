@@ -1,9 +1,8 @@
 //! Every route over real HTTP against a real `skillbox serve`: success, auth failures,
 //! cross-workspace `not_found`, validation errors, limits, unknown skills and revisions.
 
-mod support;
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_auth_and_errors() {

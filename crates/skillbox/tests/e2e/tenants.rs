@@ -5,10 +5,9 @@
 // `base` is the revision the next publish expects, not a loop index: kept explicit.
 #![allow(clippy::explicit_counter_loop)]
 
-mod support;
+use crate::support::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_publish_in_one_workspace_does_not_block_another() {

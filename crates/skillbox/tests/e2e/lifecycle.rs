@@ -1,9 +1,8 @@
 //! Idempotent retry, drafts (conflict and rebase), the event log (resume without gaps or
 //! duplicates), and SPEC §8.6 for the revision cache.
 
-mod support;
+use crate::support::*;
 use serde_json::{Value, json};
-use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idempotent_retry_returns_the_created_revision() {

@@ -1,0 +1,361 @@
+//! The sandbox backends the end-to-end scenarios run under, and the scenarios every backend
+//! must pass, each written once: `backend_test!(scenario)` makes `scenario::bwrap` and
+//! `scenario::docker` (and, with execution nodes, the remote backend is one more line in the
+//! macro, defined in `main.rs`). What a scenario needs to see of a backend's insides (its prepared copies, its
+//! containers) is asked of [`Backend`], not written per backend in the scenario.
+
+use crate::support::*;
+use serde_json::json;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A sandbox backend as a test starts the server with it.
+pub enum Backend {
+    Bwrap,
+    /// The Docker engine, with a unique owner label per test.
+    Docker(Owner),
+}
+
+impl Backend {
+    /// `serve` arguments selecting the backend, then `extra`.
+    pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args = match self {
+            Backend::Bwrap => vec!["--box".to_string(), "bwrap".to_string()],
+            Backend::Docker(owner) => owner.args(),
+        };
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    }
+
+    pub fn start_on(&self, dir: &Path, port: u16, extra: &[&str]) -> Server {
+        let args = self.args(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start_on(dir, port, &args)
+    }
+
+    pub fn start(&self, dir: &Path, extra: &[&str]) -> Server {
+        self.start_on(dir, free_port(), extra)
+    }
+
+    /// Where the run's sandbox runs: its containers (docker); nothing for bwrap, which makes a
+    /// fresh sandbox per execution.
+    pub fn sandbox_handles(&self, run: &str) -> Vec<String> {
+        match self {
+            Backend::Bwrap => vec![],
+            Backend::Docker(owner) => owner.containers(&[format!("skillbox.sandbox={run}")]),
+        }
+    }
+
+    /// A shell command run as root where the run's prepared copies (copy mode) are: on the
+    /// host for bwrap, in the run's container for docker; its stdout.
+    fn in_prepared(&self, dir: &Path, run: &str, script: &str) -> String {
+        let out = match self {
+            Backend::Bwrap => Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .env("P", dir.join(format!("box/prepared/{run}")))
+                .output()
+                .unwrap(),
+            Backend::Docker(_) => {
+                let container = self.sandbox_handles(run);
+                assert_eq!(container.len(), 1, "the run's container: {container:?}");
+                Command::new("docker")
+                    .args(["exec", "-u", "0", "-e", "P=/skills", &container[0]])
+                    .args(["sh", "-c", script])
+                    .output()
+                    .unwrap()
+            }
+        };
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Interrupted preparations of the run left in its staging area.
+    pub fn staging_left(&self, dir: &Path, run: &str) -> usize {
+        let script = match self {
+            Backend::Bwrap => r#"ls -A "$P" | grep -c '^\.staging-' || true"#,
+            Backend::Docker(_) => r#"ls -A "$P/.staging" 2>/dev/null | wc -l"#,
+        };
+        self.in_prepared(dir, run, script).trim().parse().unwrap()
+    }
+
+    /// Prepared copies of the run's packages (verified, in place).
+    pub fn prepared_copies(&self, dir: &Path, run: &str) -> usize {
+        let script = match self {
+            Backend::Bwrap => r#"ls "$P" | wc -l"#,
+            Backend::Docker(_) => r#"ls -d "$P"/*/* 2>/dev/null | wc -l"#,
+        };
+        self.in_prepared(dir, run, script).trim().parse().unwrap()
+    }
+
+    /// Appends to the prepared copy of `scripts/run.sh`, as an attacker with the disk would.
+    pub fn tamper_with_prepared_script(&self, dir: &Path, run: &str) {
+        let script = match self {
+            Backend::Bwrap => {
+                r#"f=$(ls -d "$P"/*/pkg)/scripts/run.sh; chmod u+w $(dirname $f) $f; echo 'echo TAMPERED' >> $f && echo done"#
+            }
+            Backend::Docker(_) => {
+                r#"f=$(ls -d "$P"/*/1)/scripts/run.sh; chmod u+w $f; echo 'echo TAMPERED' >> $f && echo done"#
+            }
+        };
+        assert_eq!(self.in_prepared(dir, run, script).trim(), "done");
+    }
+
+    /// After the run finished: its workspace (and, for docker, every container and volume
+    /// of this test) is gone, and nothing of it stays mounted.
+    pub async fn assert_run_released(&self, dir: &Path, run: &str) {
+        let image = dir.join(format!("box/workspaces/{run}.ext4"));
+        let root = std::fs::canonicalize(dir).unwrap();
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .any(|l| {
+                    l.split(' ')
+                        .nth(4)
+                        .is_some_and(|m| Path::new(m).starts_with(&root))
+                })
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while mounted() || image.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the workspace of a finished run is still mounted or stored"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if let Backend::Docker(owner) = self {
+            owner.assert_clean();
+        }
+    }
+}
+
+pub fn image() -> String {
+    std::env::var("SKILLBOX_TEST_IMAGE")
+        .unwrap_or_else(|_| "skillbox-test/debian-py3:bookworm-1".into())
+}
+
+/// A unique owner label per test, and removal of whatever it left (after the test's own
+/// assertions about cleanup).
+pub struct Owner(pub String);
+
+impl Owner {
+    pub fn new(test: &str) -> Owner {
+        Owner(format!("skillbox-test-{test}-{}", std::process::id()))
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--box".into(),
+            "docker".into(),
+            "--docker-image".into(),
+            image(),
+            "--docker-owner".into(),
+            self.0.clone(),
+        ]
+    }
+
+    /// Container ids of this owner (`filter` adds label filters), running or not.
+    pub fn containers(&self, filter: &[String]) -> Vec<String> {
+        let mut cmd = Command::new("docker");
+        cmd.args(["ps", "-aq", "--no-trunc", "--filter"])
+            .arg(format!("label=skillbox.owner={}", self.0));
+        for f in filter {
+            cmd.arg("--filter").arg(format!("label={f}"));
+        }
+        let out = cmd.output().expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    pub fn volumes(&self) -> Vec<String> {
+        let out = Command::new("docker")
+            .args(["volume", "ls", "-q", "--filter"])
+            .arg(format!("label=skillbox.owner={}", self.0))
+            .output()
+            .expect("docker volume ls");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Owner {
+    /// Cleanup: nothing of this owner is left in the engine.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.containers(&[]).is_empty(),
+            "containers left: {:?}",
+            self.containers(&[])
+        );
+        assert!(
+            self.volumes().is_empty(),
+            "volumes left: {:?}",
+            self.volumes()
+        );
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        for c in self.containers(&[]) {
+            let _ = Command::new("docker").args(["rm", "-f", &c]).output();
+        }
+        for v in self.volumes() {
+            let _ = Command::new("docker")
+                .args(["volume", "rm", "-f", &v])
+                .output();
+        }
+    }
+}
+
+async fn finish(c: &reqwest::Client, s: &Server, run: &str) {
+    let r = c
+        .delete(s.ws("acme", &format!("runs/{run}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// `?stream=true`: NDJSON lines as output arrives, then the exit line.
+async fn streamed_exec_delivers_output_as_it_comes(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = backend.start(dir.path(), &[]);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    assert_streamed_exec(&c, &s).await;
+}
+backend_test!(streamed_exec_delivers_output_as_it_comes);
+
+/// A write past `/tmp`'s size or the workspace quota fails with ENOSPC and the server keeps
+/// serving; the run's end releases its workspace (image, mount, volume).
+async fn tmp_and_workspace_are_capped(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let args = backend.args(&SMALL_SANDBOX);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (s, c, run) = hello_run(dir.path(), &args).await;
+    assert_tmp_and_workspace_capped(&c, &s, &run).await;
+    let (st, _) = get(&c, &format!("{}/healthz", s.url), ADMIN).await;
+    assert_eq!(st, 200);
+    finish(&c, &s, &run).await;
+    backend.assert_run_released(dir.path(), &run).await;
+}
+backend_test!(tmp_and_workspace_are_capped);
+
+/// SPEC §8.2 in copy mode: a truncated, corrupted, incomplete, padded or interrupted transfer
+/// never executes; the next attempt prepares a complete, verified package; an interrupted one
+/// is left for the sweep, never used, and a restart sweeps it. A prepared copy tampered with
+/// is detected and prepared afresh (§8.3, box part); revocation removes the copies.
+async fn copy_mode_never_executes_a_bad_transfer(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut s = backend.start_on(dir.path(), port, &["--box-copy-mode"]);
+    let c = http();
+    publish(
+        &c,
+        &s,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[("data.bin", &[7u8; 4096])]),
+    )
+    .await;
+    let failpoint = dir.path().join("box/prepared/FAILPOINT");
+    let body = json!({"skill": "hello", "command": "touch /workspace/ran; ./scripts/run.sh"});
+    for fault in ["truncate", "flip", "missing", "extra", "crash"] {
+        let run = new_run(&c, &s, &["hello"]).await;
+        std::fs::write(&failpoint, fault).unwrap();
+        let (st, v) = exec(&c, &s, &run, body.clone()).await;
+        assert_eq!(
+            (st, error_code(&v)),
+            (503, "box_unavailable"),
+            "{fault}: {v}"
+        );
+        assert!(!failpoint.exists(), "{fault}: failpoint not consumed");
+        let v = sh(
+            &c,
+            &s,
+            &run,
+            None,
+            "test -e /workspace/ran && echo ran || echo never",
+        )
+        .await;
+        assert_eq!(v["stdout"], "never\n", "{fault}: the bad transfer executed");
+        let (st, v) = exec(&c, &s, &run, body.clone()).await;
+        assert_eq!(
+            (st, v["stdout"].as_str()),
+            (200, Some("I am v1\n")),
+            "{fault}: {v}"
+        );
+        if fault == "crash" {
+            assert_eq!(
+                backend.staging_left(dir.path(), &run),
+                1,
+                "the interrupted staging is left for the sweep, never used"
+            );
+        }
+        finish(&c, &s, &run).await;
+    }
+
+    // An interrupted preparation is left for the sweep, never used; packages are read-only
+    // to the sandbox user.
+    let run = new_run(&c, &s, &["hello"]).await;
+    std::fs::write(&failpoint, "crash").unwrap();
+    let (st, v) = exec(&c, &s, &run, body.clone()).await;
+    assert_eq!((st, error_code(&v)), (503, "box_unavailable"), "{v}");
+    let v = sh(&c, &s, &run, Some("hello"), "echo x >> scripts/run.sh 2>/dev/null && echo wrote; rm -f data.bin 2>/dev/null && echo removed; ./scripts/run.sh").await;
+    assert_eq!(v["stdout"], "I am v1\n", "{v}");
+    assert_eq!(backend.staging_left(dir.path(), &run), 1);
+
+    // Restart: the sandbox is kept, abandoned staging swept; then tamper with the prepared
+    // copy: detected and prepared afresh, never executed as is.
+    let handles = backend.sandbox_handles(&run);
+    s.kill9();
+    let s = backend.start_on(dir.path(), port, &["--box-copy-mode"]);
+    assert_eq!(
+        backend.staging_left(dir.path(), &run),
+        0,
+        "abandoned staging survived a restart"
+    );
+    assert_eq!(
+        backend.sandbox_handles(&run),
+        handles,
+        "adopted, not replaced"
+    );
+    backend.tamper_with_prepared_script(dir.path(), &run);
+    let v = sh(&c, &s, &run, Some("hello"), "./scripts/run.sh").await;
+    assert_eq!(
+        v["stdout"], "I am v1\n",
+        "a tampered copy was executed: {v}"
+    );
+
+    // Revocation removes the prepared copy.
+    assert_eq!(backend.prepared_copies(dir.path(), &run), 1);
+    revoke(&c, &s, "hello", 1, "bad").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backend.prepared_copies(dir.path(), &run) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the revoked revision's copy was not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    finish(&c, &s, &run).await;
+    backend.assert_run_released(dir.path(), &run).await;
+}
+backend_test!(copy_mode_never_executes_a_bad_transfer);

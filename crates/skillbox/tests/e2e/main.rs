@@ -1,0 +1,43 @@
+//! The end-to-end suite: the real `skillbox` binary, as a user runs it, against real
+//! bubblewrap, the real Docker engine, real archives and real `kill -9`s. One test binary (one
+//! link, one process to start per test under nextest); each module is a concern, and the
+//! scenarios every sandbox backend must pass are written once in [`backends`] and run under
+//! each by `backend_test!`.
+
+/// Defines a test per sandbox backend for the scenario `async fn $name(backend: Backend)`.
+macro_rules! backend_test {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn bwrap() {
+                super::$name(crate::backends::Backend::Bwrap).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn docker() {
+                super::$name(crate::backends::Backend::Docker(
+                    crate::backends::Owner::new(stringify!($name)),
+                ))
+                .await
+            }
+        }
+    };
+}
+
+mod support;
+
+mod api;
+mod backends;
+mod cas;
+mod cli_client;
+mod cli_offline;
+mod crash;
+mod deps;
+mod docker;
+mod gc;
+mod hardening;
+mod lifecycle;
+mod run_drafts;
+mod runs;
+mod sandbox;
+mod tenants;
