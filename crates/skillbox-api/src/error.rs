@@ -3,55 +3,24 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// Every error code the API answers with, and its HTTP status: the one place that pairs them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    BadRequest,
-    Unauthorized,
-    Forbidden,
-    SkillNotAuthorized,
-    NotFound,
-    NotActivated,
-    MethodNotAllowed,
-    RevisionConflict,
-    ActivationConflict,
-    SkillDeleted,
-    RevisionRevoked,
-    PinnedRevisionUnavailable,
-    SandboxLost,
-    TooLarge,
-    InvalidPackage,
-    DependencyBuildFailed,
-    Internal,
-    BoxUnavailable,
-    /// The request took longer than the server's request timeout.
-    Timeout,
+wire_enum! {
+    /// Every error code the API answers with; [`ErrorCode::status`] pairs each with its HTTP
+    /// status, in one place. `timeout`: the request took longer than the server's request
+    /// timeout.
+    pub enum ErrorCode {
+        BadRequest = "bad_request", Unauthorized = "unauthorized", Forbidden = "forbidden",
+        SkillNotAuthorized = "skill_not_authorized", NotFound = "not_found",
+        NotActivated = "not_activated", MethodNotAllowed = "method_not_allowed",
+        RevisionConflict = "revision_conflict", ActivationConflict = "activation_conflict",
+        SkillDeleted = "skill_deleted", RevisionRevoked = "revision_revoked",
+        PinnedRevisionUnavailable = "pinned_revision_unavailable", SandboxLost = "sandbox_lost",
+        TooLarge = "too_large", InvalidPackage = "invalid_package",
+        DependencyBuildFailed = "dependency_build_failed", Internal = "internal",
+        BoxUnavailable = "box_unavailable", Timeout = "timeout",
+    }
 }
 
 impl ErrorCode {
-    pub const ALL: &[ErrorCode] = &[
-        ErrorCode::BadRequest,
-        ErrorCode::Unauthorized,
-        ErrorCode::Forbidden,
-        ErrorCode::SkillNotAuthorized,
-        ErrorCode::NotFound,
-        ErrorCode::NotActivated,
-        ErrorCode::MethodNotAllowed,
-        ErrorCode::RevisionConflict,
-        ErrorCode::ActivationConflict,
-        ErrorCode::SkillDeleted,
-        ErrorCode::RevisionRevoked,
-        ErrorCode::PinnedRevisionUnavailable,
-        ErrorCode::SandboxLost,
-        ErrorCode::TooLarge,
-        ErrorCode::InvalidPackage,
-        ErrorCode::DependencyBuildFailed,
-        ErrorCode::Internal,
-        ErrorCode::BoxUnavailable,
-        ErrorCode::Timeout,
-    ];
-
     /// The HTTP status the code is answered with.
     pub fn status(self) -> u16 {
         match self {
@@ -70,41 +39,6 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::BoxUnavailable | ErrorCode::Timeout => 503,
         }
-    }
-
-    /// The code as it appears on the wire (`"revision_conflict"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::BadRequest => "bad_request",
-            ErrorCode::Unauthorized => "unauthorized",
-            ErrorCode::Forbidden => "forbidden",
-            ErrorCode::SkillNotAuthorized => "skill_not_authorized",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::NotActivated => "not_activated",
-            ErrorCode::MethodNotAllowed => "method_not_allowed",
-            ErrorCode::RevisionConflict => "revision_conflict",
-            ErrorCode::ActivationConflict => "activation_conflict",
-            ErrorCode::SkillDeleted => "skill_deleted",
-            ErrorCode::RevisionRevoked => "revision_revoked",
-            ErrorCode::PinnedRevisionUnavailable => "pinned_revision_unavailable",
-            ErrorCode::SandboxLost => "sandbox_lost",
-            ErrorCode::TooLarge => "too_large",
-            ErrorCode::InvalidPackage => "invalid_package",
-            ErrorCode::DependencyBuildFailed => "dependency_build_failed",
-            ErrorCode::Internal => "internal",
-            ErrorCode::BoxUnavailable => "box_unavailable",
-            ErrorCode::Timeout => "timeout",
-        }
-    }
-
-    pub fn parse(code: &str) -> Option<ErrorCode> {
-        ErrorCode::ALL.iter().copied().find(|c| c.as_str() == code)
-    }
-}
-
-impl std::fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

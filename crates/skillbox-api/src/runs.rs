@@ -29,34 +29,10 @@ pub struct RunView {
     pub activations: Vec<Pin>,
 }
 
-/// A run's life: `active` until finished or until its lease lapses (`expired`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RunState {
-    Active,
-    Finished,
-    Expired,
-}
-
-impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Active => "active",
-            RunState::Finished => "finished",
-            RunState::Expired => "expired",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<RunState> {
-        [RunState::Active, RunState::Finished, RunState::Expired]
-            .into_iter()
-            .find(|state| state.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// A run's life: `active` until finished or until its lease lapses (`expired`).
+    pub enum RunState {
+        Active = "active", Finished = "finished", Expired = "expired",
     }
 }
 
@@ -128,17 +104,13 @@ pub struct ExecQuery {
     pub stream: bool,
 }
 
-/// How an execution ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecOutcome {
-    Exited,
-    Signaled,
-    TimedOut,
-    /// Killed because a package it mounts was revoked.
-    Killed,
-    /// The sandbox itself could not be set up; the program did not run.
-    SandboxFailure,
+wire_enum! {
+    /// How an execution ended: `killed` because a package it mounts was revoked;
+    /// `sandbox_failure` when the sandbox itself could not be set up (the program did not run).
+    pub enum ExecOutcome {
+        Exited = "exited", Signaled = "signaled", TimedOut = "timed_out",
+        Killed = "killed", SandboxFailure = "sandbox_failure",
+    }
 }
 
 /// A package mounted for an execution.

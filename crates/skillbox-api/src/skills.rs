@@ -77,39 +77,11 @@ pub struct Revision {
     pub state_reason: Option<String>,
 }
 
-/// A revision's life: `available` until revoked (an emergency) or collected (unreferenced,
-/// content removed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RevisionState {
-    Available,
-    Revoked,
-    Collected,
-}
-
-impl RevisionState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RevisionState::Available => "available",
-            RevisionState::Revoked => "revoked",
-            RevisionState::Collected => "collected",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<RevisionState> {
-        [
-            RevisionState::Available,
-            RevisionState::Revoked,
-            RevisionState::Collected,
-        ]
-        .into_iter()
-        .find(|state| state.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for RevisionState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+wire_enum! {
+    /// A revision's life: `available` until revoked (an emergency) or collected (unreferenced,
+    /// content removed).
+    pub enum RevisionState {
+        Available = "available", Revoked = "revoked", Collected = "collected",
     }
 }
 

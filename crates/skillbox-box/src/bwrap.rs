@@ -514,20 +514,17 @@ impl Backend for Bwrap {
                     let _ = sin.write_all(&data).await;
                 });
             }
-            let out = tokio::spawn(read_capped(
+            let keeper = |kind| Capped::new(req.output_cap, req.live.clone(), kind);
+            let (stdout, stderr) =
                 child
                     .stdout
                     .take()
-                    .ok_or_else(|| BoxError::BadRequest("no stdout".into()))?,
-                Capped::new(req.output_cap, req.live.clone(), StreamKind::Stdout),
-            ));
-            let err = tokio::spawn(read_capped(
-                child
-                    .stderr
-                    .take()
-                    .ok_or_else(|| BoxError::BadRequest("no stderr".into()))?,
-                Capped::new(req.output_cap, req.live.clone(), StreamKind::Stderr),
-            ));
+                    .zip(child.stderr.take())
+                    .ok_or_else(|| {
+                        BoxError::Unavailable("bwrap started without output pipes".into())
+                    })?;
+            let out = tokio::spawn(read_capped(stdout, keeper(StreamKind::Stdout)));
+            let err = tokio::spawn(read_capped(stderr, keeper(StreamKind::Stderr)));
             // Killing bwrap kills the sandbox: its init dies (--die-with-parent), and with it
             // every process of the pid namespace.
             let (status, ended_by) = tokio::select! {

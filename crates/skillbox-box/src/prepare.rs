@@ -15,7 +15,7 @@
 use crate::{BoxError, Mount};
 use skillbox_package::intake::verify_tree;
 use skillbox_package::write::{DirWriteOptions, finish_tree};
-use skillbox_package::{Manifest, Sha256, StagingDir, staging::remove_tree};
+use skillbox_package::{Manifest, Sha256, staging::remove_tree};
 use std::path::{Path, PathBuf};
 
 pub const READY: &str = "READY";
@@ -112,9 +112,7 @@ impl PreparedStore {
             std::fs::rename(&place, &aside)?;
             remove_tree(&aside)?;
         }
-        let staging = StagingDir::new_in(&dir, ".staging-")?;
-        let copy = staging.path().join("pkg");
-        std::fs::create_dir(&copy)?;
+        let (staging, copy) = skillbox_package::write::staged_tree(&dir, ".staging-", "pkg")?;
         for e in manifest.entries() {
             let to = copy.join(&e.path);
             if let Some(p) = to.parent() {

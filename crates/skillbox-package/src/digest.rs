@@ -133,30 +133,30 @@ impl FromStr for Digest {
     }
 }
 
-impl serde::Serialize for Digest {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
+/// Serde as the text form: `Display` out, `FromStr` in.
+macro_rules! serde_as_text {
+    ($($ty:ty),*) => {$(
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
 }
 
-impl<'de> serde::Deserialize<'de> for Digest {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+serde_as_text!(Digest, Sha256);
 
-impl serde::Serialize for Sha256 {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
+impl FromStr for Sha256 {
+    type Err = &'static str;
 
-impl<'de> serde::Deserialize<'de> for Sha256 {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Sha256::from_hex(&s)
-            .ok_or_else(|| serde::de::Error::custom("expected 64 lowercase hex digits"))
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Sha256::from_hex(s).ok_or("expected 64 lowercase hex digits")
     }
 }
 

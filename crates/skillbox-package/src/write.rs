@@ -2,10 +2,10 @@
 
 use crate::manifest::{FileEntry, Manifest};
 use crate::staging::StagingDir;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Opens the content of one manifest entry.
 pub trait ContentSource {
@@ -107,6 +107,29 @@ pub struct DirWriteOptions {
     pub sync: bool,
 }
 
+/// A fresh private staging directory in `parent` with an empty directory `name` in it, where
+/// a tree is built before it is renamed into place.
+pub fn staged_tree(parent: &Path, prefix: &str, name: &str) -> io::Result<(StagingDir, PathBuf)> {
+    let staging = StagingDir::new_in(parent, prefix)?;
+    let tree = staging.path().join(name);
+    std::fs::create_dir(&tree)?;
+    Ok((staging, tree))
+}
+
+/// Creates the file at `rel` under `root` (and its parent directories): new (never an
+/// existing file, never through a link), mode 0755 if `executable` else 0644.
+pub fn create_file(root: &Path, rel: &str, executable: bool) -> io::Result<File> {
+    let target = root.join(rel);
+    if let Some(p) = target.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(if executable { 0o755 } else { 0o644 })
+        .open(&target)
+}
+
 /// Writes the package into a fresh staging directory beside `dest`, then renames it to
 /// `dest`. Readers see no directory or the complete one. `dest` must not exist.
 pub fn write_dir_atomic(
@@ -118,19 +141,9 @@ pub fn write_dir_atomic(
     let parent = dest
         .parent()
         .ok_or_else(|| io::Error::other("destination has no parent directory"))?;
-    let staging = StagingDir::new_in(parent, ".staging-")?;
-    let tree = staging.path().join("tree");
-    std::fs::create_dir(&tree)?;
+    let (staging, tree) = staged_tree(parent, ".staging-", "tree")?;
     for entry in manifest.entries() {
-        let target = tree.join(&entry.path);
-        if let Some(p) = target.parent() {
-            std::fs::create_dir_all(p)?;
-        }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(if entry.executable { 0o755 } else { 0o644 })
-            .open(&target)?;
+        let mut file = create_file(&tree, &entry.path, entry.executable)?;
         copy_exact(entry, source.open(entry)?, &mut file)?;
         if opts.sync {
             file.sync_all()?;

@@ -9,10 +9,9 @@
 
 use crate::content::ContentStore;
 use crate::error::{RegistryError, Result};
-use skillbox_package::write::{DirWriteOptions, finish_tree};
-use skillbox_package::{Digest, Manifest, Sha256, StagingDir};
+use skillbox_package::write::{DirWriteOptions, create_file, finish_tree, staged_tree};
+use skillbox_package::{Digest, Manifest, Sha256};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone)]
@@ -47,9 +46,7 @@ impl RevisionCache {
         if dest.is_dir() {
             return Ok(dest);
         }
-        let staging = StagingDir::new_in(&self.staging, "tree-")?;
-        let tree = staging.path().join("t");
-        std::fs::create_dir(&tree)?;
+        let (staging, tree) = staged_tree(&self.staging, "tree-", "t")?;
         for entry in manifest.entries() {
             let target = tree.join(&entry.path);
             if let Some(p) = target.parent() {
@@ -92,12 +89,7 @@ impl RevisionCache {
                     entry.sha256
                 )));
             }
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(if entry.executable { 0o755 } else { 0o644 })
-                .open(&target)?;
-            f.write_all(&bytes)?;
+            create_file(&tree, &entry.path, entry.executable)?.write_all(&bytes)?;
         }
         finish_tree(
             &tree,

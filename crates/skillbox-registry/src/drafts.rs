@@ -11,7 +11,6 @@ use crate::reads::RevSel;
 use crate::{Published, Registry};
 use skillbox_package::{Sha256, paths::check_path};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 
 impl Registry {
     /// Creates a draft of `skill` from `base_revision` (0 = empty).
@@ -170,37 +169,17 @@ there (exec) and publish with POST …/drafts/{id}/publish",
     ) -> Result<Published> {
         let draft = self.workspace_draft(workspace, id).await?;
         let files = self.meta.draft_files(id).await?;
-        let staging = self.new_staging("draft-")?;
-        let root = staging.path().join("tree");
-        std::fs::create_dir(&root)?;
+        let (staging, root) =
+            skillbox_package::write::staged_tree(self.staging_path(), "draft-", "tree")?;
         for f in &files {
             let sha = Sha256::from_hex(&f.sha256)
                 .ok_or_else(|| RegistryError::broken("bad hash in draft row"))?;
             let bytes = self.blob(&sha).await?;
-            let target = root.join(&f.path);
-            if let Some(p) = target.parent() {
-                std::fs::create_dir_all(p)?;
-            }
-            let mut out = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(if f.executable { 0o755 } else { 0o644 })
-                .open(&target)?;
-            out.write_all(&bytes)?;
+            skillbox_package::write::create_file(&root, &f.path, f.executable)?
+                .write_all(&bytes)?;
         }
-        let published = self
-            .publish_tree(
-                workspace,
-                &draft.skill,
-                draft.base_revision,
-                staging,
-                root,
-                false,
-                publisher,
-            )
-            .await?;
-        self.meta.set_draft_base(id, published.revision).await?;
-        Ok(published)
+        self.publish_draft_tree(workspace, &draft, staging, root, false, publisher)
+            .await
     }
 }
 
@@ -295,6 +274,24 @@ impl Registry {
                 warnings: vec![],
             });
         }
+        self.publish_draft_tree(workspace, &draft, staging, root, true, publisher)
+            .await
+    }
+}
+
+impl Registry {
+    /// Publishes a draft's tree with the draft's base revision (`excludes`: read it as an
+    /// author's directory, with the default excludes and `.skillignore`); on success the
+    /// draft's base becomes the new revision (it can go on being edited and published).
+    async fn publish_draft_tree(
+        &self,
+        workspace: &str,
+        draft: &DraftRow,
+        staging: skillbox_package::StagingDir,
+        root: std::path::PathBuf,
+        excludes: bool,
+        publisher: &str,
+    ) -> Result<Published> {
         let published = self
             .publish_tree(
                 workspace,
@@ -302,11 +299,13 @@ impl Registry {
                 draft.base_revision,
                 staging,
                 root,
-                true,
+                excludes,
                 publisher,
             )
             .await?;
-        self.meta.set_draft_base(id, published.revision).await?;
+        self.meta
+            .set_draft_base(&draft.id, published.revision)
+            .await?;
         Ok(published)
     }
 }

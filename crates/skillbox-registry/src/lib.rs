@@ -246,14 +246,9 @@ impl Registry {
         Ok(self.instructions.insert(*digest, body))
     }
 
-    /// Events of `workspace` after `after`.
-    pub async fn events_after(
-        &self,
-        workspace: &str,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<Event>> {
-        self.meta.events_after(workspace, after, limit).await
+    /// Whether the metadata store answers (for `/healthz`).
+    pub async fn ping(&self) -> Result<()> {
+        self.meta.ping().await
     }
 }
 

@@ -10,6 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use skillbox_api::ErrorCode;
 use skillbox_registry::{Principal, Role};
 
 /// Who may call a route.
@@ -99,7 +100,10 @@ async fn authorize(
         Access::Public | Access::AnyToken => {}
         Access::ServerAdmin => {
             if principal != Principal::ServerAdmin {
-                return Err(ApiError::forbidden("this needs the server's admin token"));
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "this needs the server's admin token",
+                ));
             }
         }
         Access::Workspace(needed) => {
@@ -114,14 +118,20 @@ async fn authorize(
             // A token of another workspace learns nothing: `not_found`.
             if let Principal::Workspace { workspace, role } = &principal {
                 if workspace != ws {
-                    return Err(ApiError::not_found(format!("no workspace {ws:?}")));
+                    return Err(ApiError::new(
+                        ErrorCode::NotFound,
+                        format!("no workspace {ws:?}"),
+                    ));
                 }
                 if *role < needed {
-                    return Err(ApiError::forbidden(format!(
-                        "this needs the {} role; the token has {}",
-                        needed.as_str(),
-                        role.as_str()
-                    )));
+                    return Err(ApiError::new(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "this needs the {} role; the token has {}",
+                            needed.as_str(),
+                            role.as_str()
+                        ),
+                    ));
                 }
             }
         }
@@ -130,21 +140,29 @@ async fn authorize(
 }
 
 async fn principal(state: &crate::AppState, headers: &HeaderMap) -> ApiResult<Principal> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <token>"))?;
+    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Unauthorized,
+            "missing Authorization: Bearer <token>",
+        )
+    })?;
     let token = value
         .to_str()
         .ok()
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| ApiError::unauthorized("Authorization must be 'Bearer <token>'"))?;
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                "Authorization must be 'Bearer <token>'",
+            )
+        })?;
     state
         .registry
         .authenticate(token, &state.cfg.admin_token)
         .await?
-        .ok_or_else(|| ApiError::unauthorized("unknown token"))
+        .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown token"))
 }
 
 /// At most `max` characters of `s` (an echoed input stays short).

@@ -26,21 +26,6 @@ impl ApiError {
     pub fn bad_request(m: impl Into<String>) -> Self {
         Self::new(ErrorCode::BadRequest, m)
     }
-    pub fn unauthorized(m: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Unauthorized, m)
-    }
-    pub fn forbidden(m: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Forbidden, m)
-    }
-    pub fn not_found(m: impl Into<String>) -> Self {
-        Self::new(ErrorCode::NotFound, m)
-    }
-    pub fn too_large(m: impl Into<String>) -> Self {
-        Self::new(ErrorCode::TooLarge, m)
-    }
-    pub fn box_unavailable(m: impl Into<String>) -> Self {
-        Self::new(ErrorCode::BoxUnavailable, m)
-    }
     /// A fault of the server's: logged here, answered 500 `internal`.
     pub fn internal(m: impl Into<String>) -> Self {
         let message = m.into();

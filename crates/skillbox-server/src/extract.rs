@@ -9,11 +9,12 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
+use skillbox_api::ErrorCode;
 
 /// A rejection of the framework's, in the envelope.
 fn rejected(status: StatusCode, text: String) -> ApiError {
     match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(text),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(ErrorCode::TooLarge, text),
         s if s.is_server_error() => ApiError::internal(text),
         _ => ApiError::bad_request(text),
     }

@@ -13,7 +13,8 @@ impl AppState {
     /// The running box, or `box_unavailable` saying what still works.
     pub fn running_box(&self) -> ApiResult<Arc<BoxRuntime>> {
         self.sandbox.clone().ok_or_else(|| {
-            ApiError::box_unavailable(
+            ApiError::new(
+                ErrorCode::BoxUnavailable,
                 "no sandbox backend is running (--box none): activation and reads work; execution and run drafts do not",
             )
         })
@@ -115,9 +116,9 @@ impl AppState {
 pub fn box_error(e: BoxError) -> ApiError {
     match e {
         BoxError::BadRequest(m) => ApiError::bad_request(m),
-        BoxError::Missing(m) => ApiError::not_found(m),
-        BoxError::TooLarge(m) => ApiError::too_large(m),
-        BoxError::Unavailable(m) => ApiError::box_unavailable(m),
+        BoxError::Missing(m) => ApiError::new(ErrorCode::NotFound, m),
+        BoxError::TooLarge(m) => ApiError::new(ErrorCode::TooLarge, m),
+        BoxError::Unavailable(m) => ApiError::new(ErrorCode::BoxUnavailable, m),
         BoxError::Dependencies(m) => ApiError::new(ErrorCode::DependencyBuildFailed, m),
         BoxError::SpecialFiles(paths) => RegistryError::InvalidPackage {
             problems: paths

@@ -73,6 +73,17 @@ pub(super) async fn remove_volume(
     }
 }
 
+/// The named volume `volume` mounted at `target`.
+fn volume_mount(volume: &str, target: &str, writable: bool) -> EngineMount {
+    EngineMount {
+        target: Some(target.into()),
+        source: Some(volume.into()),
+        typ: Some(MountType::VOLUME),
+        read_only: Some(!writable),
+        ..Default::default()
+    }
+}
+
 impl Docker {
     /// Containers of this owner, by id, with their labels.
     pub(super) async fn owned(
@@ -193,13 +204,7 @@ impl Docker {
         for b in &sandbox.binds {
             mounts.push(match &b.source {
                 crate::BindSource::Host(p) => self.bind(p, &b.target, b.writable),
-                crate::BindSource::Volume(v) => EngineMount {
-                    target: Some(b.target.clone()),
-                    source: Some(v.clone()),
-                    typ: Some(MountType::VOLUME),
-                    read_only: Some(!b.writable),
-                    ..Default::default()
-                },
+                crate::BindSource::Volume(v) => volume_mount(v, &b.target, b.writable),
             });
         }
         let mut labels = HashMap::from([
@@ -222,25 +227,13 @@ impl Docker {
         if self.cfg.copy_mode {
             let volume = packages_volume(&sandbox.id);
             self.create_volume(&volume, &sandbox.id).await?;
-            mounts.push(EngineMount {
-                target: Some("/skills".into()),
-                source: Some(volume),
-                typ: Some(MountType::VOLUME),
-                read_only: Some(false),
-                ..Default::default()
-            });
+            mounts.push(volume_mount(&volume, "/skills", true));
         }
         if let Some(dir) = &sandbox.workspace_dir {
             let volume = volume_name(&sandbox.id);
             self.create_workspace_volume(&volume, &sandbox.id, dir)
                 .await?;
-            mounts.push(EngineMount {
-                target: Some("/workspace".into()),
-                source: Some(volume),
-                typ: Some(MountType::VOLUME),
-                read_only: Some(false),
-                ..Default::default()
-            });
+            mounts.push(volume_mount(&volume, "/workspace", true));
         }
         let host = HostConfig {
             mounts: Some(mounts),

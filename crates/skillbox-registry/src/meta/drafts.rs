@@ -24,20 +24,11 @@ impl MetaStore {
         files: &[DraftFile],
         present: PresenceCheck<'_>,
     ) -> Result<bool> {
-        let mut tx = self.write_tx().await?;
-        if !present() {
-            tx.rollback().await?;
+        let Some(mut tx) = self.write_tx_with(present).await? else {
             return Ok(false);
-        }
+        };
         let now = now_ms();
-        sqlx::query("INSERT INTO drafts (id, workspace, skill, base_revision, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)")
-            .bind(id)
-            .bind(workspace)
-            .bind(skill)
-            .bind(base)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        Self::insert_draft_row(&mut tx, id, workspace, skill, base, now).await?;
         for f in files {
             Self::put_draft_file_tx(&mut tx, id, f).await?;
         }
@@ -45,18 +36,29 @@ impl MetaStore {
         Ok(true)
     }
 
+    async fn insert_draft_row(
+        tx: &mut Tx,
+        id: &str,
+        workspace: &str,
+        skill: &str,
+        base: i64,
+        now: i64,
+    ) -> Result<()> {
+        execute!(
+            &mut **tx,
+            "INSERT INTO drafts (id, workspace, skill, base_revision, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)",
+            id,
+            workspace,
+            skill,
+            base,
+            now
+        );
+        Ok(())
+    }
+
     pub(super) async fn put_draft_file_tx(tx: &mut Tx, id: &str, f: &DraftFile) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO draft_files (draft_id, path, sha256, size, executable) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (draft_id, path) DO UPDATE SET sha256 = excluded.sha256, size = excluded.size, executable = excluded.executable",
-        )
-        .bind(id)
-        .bind(&f.path)
-        .bind(&f.sha256)
-        .bind(f.size)
-        .bind(f.executable as i64)
-        .execute(&mut **tx)
-        .await?;
+        execute!(&mut **tx, "INSERT INTO draft_files (draft_id, path, sha256, size, executable) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (draft_id, path) DO UPDATE SET sha256 = excluded.sha256, size = excluded.size, executable = excluded.executable", id, &f.path, &f.sha256, f.size, f.executable as i64);
         Ok(())
     }
 
@@ -71,19 +73,13 @@ impl MetaStore {
     ) -> Result<()> {
         let mut tx = self.write_tx().await?;
         let now = now_ms();
-        sqlx::query("INSERT INTO drafts (id, workspace, skill, base_revision, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $5)")
-            .bind(id)
-            .bind(workspace)
-            .bind(skill)
-            .bind(base)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("INSERT INTO run_drafts (draft_id, run_id) VALUES ($1, $2)")
-            .bind(id)
-            .bind(run_id)
-            .execute(&mut *tx)
-            .await?;
+        Self::insert_draft_row(&mut tx, id, workspace, skill, base, now).await?;
+        execute!(
+            &mut *tx,
+            "INSERT INTO run_drafts (draft_id, run_id) VALUES ($1, $2)",
+            id,
+            run_id
+        );
         tx.commit().await?;
         Ok(())
     }
@@ -95,14 +91,9 @@ impl MetaStore {
             .fetch_optional(&self.pool)
             .await?;
         row.map(|r| {
-            Ok(DraftRow {
-                id: r.try_get(0)?,
-                skill: r.try_get(1)?,
-                base_revision: r.try_get(2)?,
-                created_at: r.try_get(3)?,
-                updated_at: r.try_get(4)?,
-                run_id: r.try_get(5)?,
-            })
+            Ok(from_row!(&r => DraftRow {
+                id, skill, base_revision, created_at, updated_at, run_id
+            }))
         })
         .transpose()
     }
@@ -132,54 +123,46 @@ impl MetaStore {
         f: &DraftFile,
         present: PresenceCheck<'_>,
     ) -> Result<bool> {
-        let mut tx = self.write_tx().await?;
-        if !present() {
-            tx.rollback().await?;
+        let Some(mut tx) = self.write_tx_with(present).await? else {
             return Ok(false);
-        }
+        };
         Self::put_draft_file_tx(&mut tx, id, f).await?;
-        sqlx::query("UPDATE drafts SET updated_at = $2 WHERE id = $1")
-            .bind(id)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
+        execute!(
+            &mut *tx,
+            "UPDATE drafts SET updated_at = $2 WHERE id = $1",
+            id,
+            now_ms()
+        );
         tx.commit().await?;
         Ok(true)
     }
 
     pub async fn delete_draft_file(&self, id: &str, path: &str) -> Result<bool> {
-        let r = sqlx::query("DELETE FROM draft_files WHERE draft_id = $1 AND path = $2")
-            .bind(id)
-            .bind(path)
-            .execute(&self.writer)
-            .await?;
+        let r = execute!(
+            &self.writer,
+            "DELETE FROM draft_files WHERE draft_id = $1 AND path = $2",
+            id,
+            path
+        );
         Ok(r.rows_affected() > 0)
     }
 
     pub async fn set_draft_base(&self, id: &str, base: i64) -> Result<()> {
-        sqlx::query("UPDATE drafts SET base_revision = $2, updated_at = $3 WHERE id = $1")
-            .bind(id)
-            .bind(base)
-            .bind(now_ms())
-            .execute(&self.writer)
-            .await?;
+        execute!(
+            &self.writer,
+            "UPDATE drafts SET base_revision = $2, updated_at = $3 WHERE id = $1",
+            id,
+            base,
+            now_ms()
+        );
         Ok(())
     }
 
     pub async fn delete_draft(&self, id: &str) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM draft_files WHERE draft_id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM run_drafts WHERE draft_id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM drafts WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        execute!(&mut *tx, "DELETE FROM draft_files WHERE draft_id = $1", id);
+        execute!(&mut *tx, "DELETE FROM run_drafts WHERE draft_id = $1", id);
+        execute!(&mut *tx, "DELETE FROM drafts WHERE id = $1", id);
         tx.commit().await?;
         Ok(())
     }

@@ -18,16 +18,15 @@ impl MetaStore {
         .fetch_one(&mut **tx)
         .await?;
         let seq: i64 = row.try_get(0)?;
-        sqlx::query(
+        execute!(
+            &mut **tx,
             "INSERT INTO events (workspace, seq, kind, at, data) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(workspace)
-        .bind(seq)
-        .bind(kind)
-        .bind(now_ms())
-        .bind(data.to_string())
-        .execute(&mut **tx)
-        .await?;
+            workspace,
+            seq,
+            kind,
+            now_ms(),
+            data.to_string()
+        );
         Ok(seq)
     }
 

@@ -8,6 +8,28 @@
 //! `BEGIN IMMEDIATE` (no lock upgrades, no deadlocks) and wait on a busy timeout; all hashing
 //! and file I/O happens before a transaction begins, so they stay tiny.
 
+/// Runs one statement with its `$N` parameters in order: `execute!(db, "…", a, b)` is
+/// `sqlx::query("…").bind(a).bind(b).execute(db).await?`.
+macro_rules! execute {
+    ($db:expr, $sql:expr $(, $arg:expr)* $(,)?) => {
+        sqlx::query($sql)$(.bind($arg))*.execute($db).await?
+    };
+}
+
+/// A struct read from a row whose columns are its fields, in order: `from_row!(row => T {
+/// a, b, c })` is `T { a: row.try_get(0)?, b: row.try_get(1)?, c: row.try_get(2)? }`.
+macro_rules! from_row {
+    ($row:expr => $ty:ident { $($field:ident),* $(,)? }) => {{
+        let row: &sqlx::any::AnyRow = $row;
+        let mut column = 0usize;
+        let mut next = || {
+            column += 1;
+            column - 1
+        };
+        $ty { $($field: row.try_get(next())?),* }
+    }};
+}
+
 mod drafts;
 mod events;
 mod revisions;
@@ -46,92 +68,19 @@ pub struct MetaStore {
     dialect: Dialect,
 }
 
-const SCHEMA: &[&str] = &[
-    "CREATE TABLE IF NOT EXISTS workspaces (
-        name TEXT PRIMARY KEY,
-        event_seq BIGINT NOT NULL,
-        created_at BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS skills (
-        id TEXT PRIMARY KEY,
-        workspace TEXT NOT NULL,
-        name TEXT NOT NULL,
-        state TEXT NOT NULL,
-        current_revision BIGINT NOT NULL,
-        last_revision BIGINT NOT NULL,
-        created_at BIGINT NOT NULL,
-        updated_at BIGINT NOT NULL,
-        deleted_at BIGINT)",
-    "CREATE UNIQUE INDEX IF NOT EXISTS skills_active_name ON skills (workspace, name) WHERE state = 'active'",
-    "CREATE TABLE IF NOT EXISTS revisions (
-        skill_id TEXT NOT NULL,
-        revision BIGINT NOT NULL,
-        digest TEXT NOT NULL,
-        parent_revision BIGINT NOT NULL,
-        state TEXT NOT NULL,
-        publisher TEXT NOT NULL,
-        published_at BIGINT NOT NULL,
-        file_count BIGINT NOT NULL,
-        size BIGINT NOT NULL,
-        frontmatter TEXT NOT NULL,
-        state_reason TEXT,
-        state_changed_at BIGINT,
-        PRIMARY KEY (skill_id, revision))",
-    "CREATE INDEX IF NOT EXISTS revisions_digest ON revisions (digest)",
-    "CREATE TABLE IF NOT EXISTS tokens (
-        hash TEXT PRIMARY KEY,
-        workspace TEXT NOT NULL,
-        role TEXT NOT NULL,
-        created_at BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS drafts (
-        id TEXT PRIMARY KEY,
-        workspace TEXT NOT NULL,
-        skill TEXT NOT NULL,
-        base_revision BIGINT NOT NULL,
-        created_at BIGINT NOT NULL,
-        updated_at BIGINT NOT NULL)",
-    // A run draft: its files live in the run's sandbox workspace, not in draft_files.
-    "CREATE TABLE IF NOT EXISTS run_drafts (
-        draft_id TEXT PRIMARY KEY,
-        run_id TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS draft_files (
-        draft_id TEXT NOT NULL,
-        path TEXT NOT NULL,
-        sha256 TEXT NOT NULL,
-        size BIGINT NOT NULL,
-        executable BIGINT NOT NULL,
-        PRIMARY KEY (draft_id, path))",
-    "CREATE TABLE IF NOT EXISTS events (
-        workspace TEXT NOT NULL,
-        seq BIGINT NOT NULL,
-        kind TEXT NOT NULL,
-        at BIGINT NOT NULL,
-        data TEXT NOT NULL,
-        PRIMARY KEY (workspace, seq))",
-    "CREATE TABLE IF NOT EXISTS runs (
-        id TEXT PRIMARY KEY,
-        workspace TEXT NOT NULL,
-        state TEXT NOT NULL,
-        ttl_ms BIGINT NOT NULL,
-        expires_at BIGINT NOT NULL,
-        require_immutable BIGINT NOT NULL,
-        created_at BIGINT NOT NULL,
-        ended_at BIGINT)",
-    "CREATE INDEX IF NOT EXISTS runs_live ON runs (state, expires_at)",
-    "CREATE TABLE IF NOT EXISTS run_skills (
-        run_id TEXT NOT NULL,
-        skill_name TEXT NOT NULL,
-        skill_id TEXT NOT NULL,
-        PRIMARY KEY (run_id, skill_name))",
-    "CREATE TABLE IF NOT EXISTS pins (
-        run_id TEXT NOT NULL,
-        skill_id TEXT NOT NULL,
-        skill_name TEXT NOT NULL,
-        revision BIGINT NOT NULL,
-        digest TEXT NOT NULL,
-        activated_at BIGINT NOT NULL,
-        PRIMARY KEY (run_id, skill_id))",
-    "CREATE INDEX IF NOT EXISTS pins_revision ON pins (skill_id, revision)",
-];
+/// The schema, statement by statement (see `schema.sql`), without its comments.
+fn schema() -> Vec<String> {
+    let text: Vec<&str> = include_str!("schema.sql")
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect();
+    text.join("\n")
+        .split(';')
+        .map(str::trim)
+        .filter(|stmt| !stmt.is_empty())
+        .map(str::to_string)
+        .collect()
+}
 
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -158,16 +107,9 @@ const SKILL_COLS: &str =
 const REV_COLS: &str = "skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter, state_reason";
 
 fn skill_from(r: &AnyRow) -> Result<SkillRow> {
-    Ok(SkillRow {
-        id: r.try_get(0)?,
-        workspace: r.try_get(1)?,
-        name: r.try_get(2)?,
-        state: r.try_get(3)?,
-        current_revision: r.try_get(4)?,
-        last_revision: r.try_get(5)?,
-        created_at: r.try_get(6)?,
-        updated_at: r.try_get(7)?,
-    })
+    Ok(from_row!(r => SkillRow {
+        id, workspace, name, state, current_revision, last_revision, created_at, updated_at
+    }))
 }
 
 fn revision_from(r: &AnyRow) -> Result<Revision> {
@@ -255,11 +197,30 @@ impl MetaStore {
 
     async fn migrate(&self) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        for stmt in SCHEMA {
-            sqlx::query(*stmt).execute(&mut *tx).await?;
+        for stmt in schema() {
+            // The schema is a constant of this crate, not input.
+            sqlx::query(AssertSqlSafe(stmt)).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// A round trip to the database.
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").fetch_one(&self.pool).await?;
+        Ok(())
+    }
+
+    /// A write transaction in which `present()` holds — content the caller references was
+    /// checked under the write lock, which content deletion also takes (see `gc.rs`), so the
+    /// answer holds until the transaction ends; `None` (rolled back) when it does not.
+    pub(crate) async fn write_tx_with(&self, present: PresenceCheck<'_>) -> Result<Option<Tx>> {
+        let tx = self.write_tx().await?;
+        if present() {
+            return Ok(Some(tx));
+        }
+        tx.rollback().await?;
+        Ok(None)
     }
 
     /// A write transaction (`BEGIN IMMEDIATE` on SQLite).

@@ -107,14 +107,10 @@ impl MetaStore {
         n: &NewRevision<'_>,
         present: PresenceCheck<'_>,
     ) -> Result<CommitOutcome> {
-        let mut tx = self.write_tx().await?;
-        let now = now_ms();
-        // Content deletions happen under the same write lock (see gc.rs): checked here, the
-        // answer holds until this transaction ends.
-        if !present() {
-            tx.rollback().await?;
+        let Some(mut tx) = self.write_tx_with(present).await? else {
             return Ok(CommitOutcome::ContentMissing);
-        }
+        };
+        let now = now_ms();
         Self::ensure_workspace(&mut tx, n.workspace).await?;
         let mut skill = Self::active_skill_tx(&mut tx, n.workspace, n.skill).await?;
         if skill.is_none() {
@@ -124,16 +120,8 @@ impl MetaStore {
                 });
             }
             let id = new_id();
-            sqlx::query(
-                "INSERT INTO skills (id, workspace, name, state, current_revision, last_revision, created_at, updated_at)
-                 VALUES ($1, $2, $3, 'active', 0, 0, $4, $4)",
-            )
-            .bind(&id)
-            .bind(n.workspace)
-            .bind(n.skill)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+            execute!(&mut *tx, "INSERT INTO skills (id, workspace, name, state, current_revision, last_revision, created_at, updated_at)
+                 VALUES ($1, $2, $3, 'active', 0, 0, $4, $4)", &id, n.workspace, n.skill, now);
             skill = Self::active_skill_tx(&mut tx, n.workspace, n.skill).await?;
         }
         let skill = skill.ok_or_else(|| RegistryError::broken("skill row vanished"))?;
@@ -162,21 +150,8 @@ impl MetaStore {
             });
         };
         let revision: i64 = moved.try_get(0)?;
-        sqlx::query(
-            "INSERT INTO revisions (skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter)
-             VALUES ($1, $2, $3, $4, 'available', $5, $6, $7, $8, $9)",
-        )
-        .bind(&skill.id)
-        .bind(revision)
-        .bind(n.digest)
-        .bind(n.base_revision)
-        .bind(n.publisher)
-        .bind(now)
-        .bind(n.file_count)
-        .bind(n.size)
-        .bind(n.frontmatter.to_string())
-        .execute(&mut *tx)
-        .await?;
+        execute!(&mut *tx, "INSERT INTO revisions (skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter)
+             VALUES ($1, $2, $3, $4, 'available', $5, $6, $7, $8, $9)", &skill.id, revision, n.digest, n.base_revision, n.publisher, now, n.file_count, n.size, n.frontmatter.to_string());
         Self::append_event(
             &mut tx,
             n.workspace,
@@ -271,11 +246,7 @@ async fn live_digests(tx: &mut Tx) -> Result<HashSet<String>> {
 }
 
 fn collectable_from(r: &AnyRow) -> Result<Collectable> {
-    Ok(Collectable {
-        skill_id: r.try_get(0)?,
-        revision: r.try_get(1)?,
-        digest: r.try_get(2)?,
-    })
+    Ok(from_row!(r => Collectable { skill_id, revision, digest }))
 }
 
 impl MetaStore {
@@ -283,9 +254,10 @@ impl MetaStore {
     /// SQLite the write transaction already excludes every other writer).
     async fn lock_for_gc(&self, tx: &mut Tx) -> Result<()> {
         if self.dialect() == Dialect::Postgres {
-            sqlx::query("LOCK TABLE revisions, pins, draft_files IN SHARE ROW EXCLUSIVE MODE")
-                .execute(&mut **tx)
-                .await?;
+            execute!(
+                &mut **tx,
+                "LOCK TABLE revisions, pins, draft_files IN SHARE ROW EXCLUSIVE MODE"
+            );
         }
         Ok(())
     }
@@ -423,13 +395,14 @@ impl MetaStore {
                 .await?
                 .try_get(0)?;
             let fallback = fallback.unwrap_or(0);
-            sqlx::query("UPDATE skills SET current_revision = $3, updated_at = $4 WHERE id = $1 AND current_revision = $2")
-                .bind(&skill.id)
-                .bind(revision)
-                .bind(fallback)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
+            execute!(
+                &mut *tx,
+                "UPDATE skills SET current_revision = $3, updated_at = $4 WHERE id = $1 AND current_revision = $2",
+                &skill.id,
+                revision,
+                fallback,
+                now
+            );
             MetaStore::append_event(
                 &mut tx,
                 workspace,

@@ -106,24 +106,24 @@ impl MetaStore {
         now: i64,
     ) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("INSERT INTO runs (id, workspace, state, ttl_ms, expires_at, require_immutable, created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6)")
-            .bind(id)
-            .bind(workspace)
-            .bind(ttl_ms)
-            .bind(now + ttl_ms)
-            .bind(require_immutable as i64)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
+        execute!(
+            &mut *tx,
+            "INSERT INTO runs (id, workspace, state, ttl_ms, expires_at, require_immutable, created_at) VALUES ($1, $2, 'active', $3, $4, $5, $6)",
+            id,
+            workspace,
+            ttl_ms,
+            now + ttl_ms,
+            require_immutable as i64,
+            now
+        );
         for (name, skill_id) in authorized {
-            sqlx::query(
+            execute!(
+                &mut *tx,
                 "INSERT INTO run_skills (run_id, skill_name, skill_id) VALUES ($1, $2, $3)",
-            )
-            .bind(id)
-            .bind(name)
-            .bind(skill_id)
-            .execute(&mut *tx)
-            .await?;
+                id,
+                name,
+                skill_id
+            );
         }
         tx.commit().await?;
         Ok(())
@@ -150,13 +150,9 @@ impl MetaStore {
             .await?
             .iter()
             .map(|p| {
-                Ok(Pin {
-                    skill: p.try_get(0)?,
-                    skill_id: p.try_get(1)?,
-                    revision: p.try_get(2)?,
-                    digest: p.try_get(3)?,
-                    activated_at: p.try_get(4)?,
-                })
+                Ok(from_row!(p => Pin {
+                    skill, skill_id, revision, digest, activated_at
+                }))
             })
             .collect::<Result<_>>()?;
         tx.commit().await?;
@@ -169,12 +165,13 @@ impl MetaStore {
 
     /// Moves an active, unexpired run's lease to `expires_at`.
     pub async fn renew_lease(&self, id: &str, expires_at: i64, now: i64) -> Result<()> {
-        sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1 AND state = 'active' AND expires_at > $3")
-            .bind(id)
-            .bind(expires_at)
-            .bind(now)
-            .execute(self.writer())
-            .await?;
+        execute!(
+            self.writer(),
+            "UPDATE runs SET expires_at = $2 WHERE id = $1 AND state = 'active' AND expires_at > $3",
+            id,
+            expires_at,
+            now
+        );
         Ok(())
     }
 
@@ -198,13 +195,9 @@ impl MetaStore {
         .fetch_optional(self.pool())
         .await?;
         row.map(|r| {
-            Ok(LivePin {
-                skill_id: r.try_get(0)?,
-                revision: r.try_get(1)?,
-                digest: r.try_get(2)?,
-                ttl_ms: r.try_get(3)?,
-                expires_at: r.try_get(4)?,
-            })
+            Ok(from_row!(&r => LivePin {
+                skill_id, revision, digest, ttl_ms, expires_at
+            }))
         })
         .transpose()
     }
@@ -312,20 +305,22 @@ impl MetaStore {
                 });
             };
             let digest: String = locked.try_get(0)?;
-            sqlx::query("INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at) VALUES ($1, $2, $3, $4, $5, $6)")
-                .bind(run_id)
-                .bind(&skill_id)
-                .bind(skill)
-                .bind(target)
-                .bind(&digest)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE runs SET expires_at = $2 WHERE id = $1")
-                .bind(run_id)
-                .bind(now + run.ttl_ms)
-                .execute(&mut *tx)
-                .await?;
+            execute!(
+                &mut *tx,
+                "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at) VALUES ($1, $2, $3, $4, $5, $6)",
+                run_id,
+                &skill_id,
+                skill,
+                target,
+                &digest,
+                now
+            );
+            execute!(
+                &mut *tx,
+                "UPDATE runs SET expires_at = $2 WHERE id = $1",
+                run_id,
+                now + run.ttl_ms
+            );
             tx.commit().await?;
             (target, digest)
         };
@@ -395,12 +390,13 @@ impl MetaStore {
 
     /// Marks an active run finished.
     pub async fn finish_run(&self, workspace: &str, run_id: &str, now: i64) -> Result<()> {
-        sqlx::query("UPDATE runs SET state = 'finished', ended_at = $3 WHERE id = $1 AND workspace = $2 AND state = 'active'")
-            .bind(run_id)
-            .bind(workspace)
-            .bind(now)
-            .execute(self.writer())
-            .await?;
+        execute!(
+            self.writer(),
+            "UPDATE runs SET state = 'finished', ended_at = $3 WHERE id = $1 AND workspace = $2 AND state = 'active'",
+            run_id,
+            workspace,
+            now
+        );
         Ok(())
     }
 
@@ -418,10 +414,11 @@ impl MetaStore {
 
     /// Marks runs whose lease lapsed by `now` as `expired`; returns how many.
     pub async fn expire_runs(&self, now: i64) -> Result<u64> {
-        let r = sqlx::query("UPDATE runs SET state = 'expired', ended_at = expires_at WHERE state = 'active' AND expires_at <= $1")
-            .bind(now)
-            .execute(self.writer())
-            .await?;
+        let r = execute!(
+            self.writer(),
+            "UPDATE runs SET state = 'expired', ended_at = expires_at WHERE state = 'active' AND expires_at <= $1",
+            now
+        );
         Ok(r.rows_affected())
     }
 }

@@ -4,36 +4,45 @@ use super::*;
 
 impl MetaStore {
     pub(super) async fn ensure_workspace(tx: &mut Tx, workspace: &str) -> Result<()> {
-        sqlx::query("INSERT INTO workspaces (name, event_seq, created_at) VALUES ($1, 0, $2) ON CONFLICT (name) DO NOTHING")
-            .bind(workspace)
-            .bind(now_ms())
-            .execute(&mut **tx)
-            .await?;
+        execute!(
+            &mut **tx,
+            "INSERT INTO workspaces (name, event_seq, created_at) VALUES ($1, 0, $2) ON CONFLICT (name) DO NOTHING",
+            workspace,
+            now_ms()
+        );
         Ok(())
     }
 
     /// The active skill called `name`.
     pub async fn active_skill(&self, workspace: &str, name: &str) -> Result<Option<SkillRow>> {
-        let q = format!(
-            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'active'"
-        );
-        let row = sqlx::query(AssertSqlSafe(q))
-            .bind(workspace)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(skill_from).transpose()
+        Self::skill_named(&self.pool, workspace, name, "state = 'active'").await
     }
 
     /// The most recently deleted skill called `name` (to answer `skill_deleted`).
     pub async fn deleted_skill(&self, workspace: &str, name: &str) -> Result<Option<SkillRow>> {
+        Self::skill_named(
+            &self.pool,
+            workspace,
+            name,
+            "state = 'deleted' ORDER BY deleted_at DESC LIMIT 1",
+        )
+        .await
+    }
+
+    /// The skill called `name` whose row also matches `condition` (a constant SQL tail).
+    async fn skill_named<'e>(
+        db: impl sqlx::Executor<'e, Database = sqlx::Any>,
+        workspace: &str,
+        name: &str,
+        condition: &'static str,
+    ) -> Result<Option<SkillRow>> {
         let q = format!(
-            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'deleted' ORDER BY deleted_at DESC LIMIT 1"
+            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND {condition}"
         );
         let row = sqlx::query(AssertSqlSafe(q))
             .bind(workspace)
             .bind(name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(db)
             .await?;
         row.as_ref().map(skill_from).transpose()
     }
@@ -63,15 +72,7 @@ impl MetaStore {
         workspace: &str,
         name: &str,
     ) -> Result<Option<SkillRow>> {
-        let q = format!(
-            "SELECT {SKILL_COLS} FROM skills WHERE workspace = $1 AND name = $2 AND state = 'active'"
-        );
-        let row = sqlx::query(AssertSqlSafe(q))
-            .bind(workspace)
-            .bind(name)
-            .fetch_optional(&mut **tx)
-            .await?;
-        row.as_ref().map(skill_from).transpose()
+        Self::skill_named(&mut **tx, workspace, name, "state = 'active'").await
     }
 
     /// Moves the current pointer to `revision` if it is `base` now (rollback).

@@ -4,15 +4,14 @@ use super::*;
 
 impl MetaStore {
     pub async fn insert_token(&self, hash: &str, workspace: &str, role: &str) -> Result<()> {
-        sqlx::query(
+        execute!(
+            &self.writer,
             "INSERT INTO tokens (hash, workspace, role, created_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(hash)
-        .bind(workspace)
-        .bind(role)
-        .bind(now_ms())
-        .execute(&self.writer)
-        .await?;
+            hash,
+            workspace,
+            role,
+            now_ms()
+        );
         Ok(())
     }
 

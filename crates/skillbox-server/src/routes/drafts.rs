@@ -12,6 +12,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use skillbox_api::ErrorCode;
 use skillbox_api::{
     CreateDraft, CreateRunDraft, DraftCreated, DraftDetail, DraftFile, Published, PutFileQuery,
     Rebase, RunDraftCreated,
@@ -98,9 +99,12 @@ pub async fn file_put(
     body: Body,
 ) -> ApiResult<Json<DraftFile>> {
     let cap = s.registry.config().limits.max_file_size as usize;
-    let bytes = axum::body::to_bytes(body, cap)
-        .await
-        .map_err(|_| ApiError::too_large(format!("file exceeds the limit of {cap} bytes")))?;
+    let bytes = axum::body::to_bytes(body, cap).await.map_err(|_| {
+        ApiError::new(
+            ErrorCode::TooLarge,
+            format!("file exceeds the limit of {cap} bytes"),
+        )
+    })?;
     let f = s
         .registry
         .put_draft_file(&ws, &id, &path, bytes, q.executable)

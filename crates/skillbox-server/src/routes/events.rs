@@ -53,7 +53,13 @@ pub async fn stream(
                     .data(data);
                 return Some((Ok::<_, std::convert::Infallible>(ev), st));
             }
-            match st.s.registry.events_after(&st.ws, st.after, 256).await {
+            match st
+                .s
+                .registry
+                .meta()
+                .events_after(&st.ws, st.after, 256)
+                .await
+            {
                 Ok(batch) if !batch.is_empty() => st.pending.extend(batch),
                 Ok(_) if !st.follow => return None,
                 Ok(_) => {

@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use skillbox_api::ErrorCode;
 use skillbox_api::{ExecAnswer, ExecOutcome, ExecPackage, ExecQuery, ExecRequest, ExecStreamLine};
 use skillbox_box::{ExecResult, Outcome, Program, StreamKind};
 use skillbox_registry::RegistryError;
@@ -63,10 +64,13 @@ pub async fn exec(
     let sandbox_rt = s.running_box()?;
     let caps = sandbox_rt.backend.capabilities();
     if context.run.require_immutable && !caps.immutable {
-        return Err(ApiError::box_unavailable(format!(
-            "this run requires read-only packages and the {} backend cannot enforce them",
-            caps.backend
-        )));
+        return Err(ApiError::new(
+            ErrorCode::BoxUnavailable,
+            format!(
+                "this run requires read-only packages and the {} backend cannot enforce them",
+                caps.backend
+            ),
+        ));
     }
     let program = match (body.argv, body.command) {
         (Some(argv), None) if !argv.is_empty() => Program::Argv(argv),

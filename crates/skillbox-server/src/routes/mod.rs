@@ -20,6 +20,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter};
+use skillbox_api::ErrorCode;
 use skillbox_registry::{FileContent, Role};
 
 /// One route: method, axum path, who may call it, what it does, and its handler.
@@ -139,10 +140,12 @@ pub fn router(state: &SharedState) -> Router<SharedState> {
     }
     router
         .layer(axum::extract::DefaultBodyLimit::max(2 * 1024 * 1024))
-        .fallback(|| async { ApiError::not_found("no such route; see /openapi.json") })
+        .fallback(|| async {
+            ApiError::new(ErrorCode::NotFound, "no such route; see /openapi.json")
+        })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                skillbox_api::ErrorCode::MethodNotAllowed,
+                ErrorCode::MethodNotAllowed,
                 "this route does not take that method; see /openapi.json",
             )
         })

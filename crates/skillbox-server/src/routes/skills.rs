@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use futures_util::StreamExt;
 use serde_json::Value;
+use skillbox_api::ErrorCode;
 use skillbox_api::{
     CurrentMoved, MoveCurrent, PublishQuery, Published, SkillDeleted, SkillDetail, SkillList,
 };
@@ -69,9 +70,10 @@ pub async fn publish(
         .and_then(|v| v.parse::<u64>().ok())
         && len > cap
     {
-        return Err(ApiError::too_large(format!(
-            "upload is {len} bytes; the limit is {cap}"
-        )));
+        return Err(ApiError::new(
+            ErrorCode::TooLarge,
+            format!("upload is {len} bytes; the limit is {cap}"),
+        ));
     }
     let format = match headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) {
         None | Some("application/octet-stream") => None,
@@ -103,9 +105,10 @@ async fn spool(body: Body, path: &std::path::Path, cap: u64) -> ApiResult<()> {
             chunk.map_err(|e| ApiError::bad_request(format!("reading the upload failed: {e}")))?;
         total += chunk.len() as u64;
         if total > cap {
-            return Err(ApiError::too_large(format!(
-                "upload exceeds the limit of {cap} bytes"
-            )));
+            return Err(ApiError::new(
+                ErrorCode::TooLarge,
+                format!("upload exceeds the limit of {cap} bytes"),
+            ));
         }
         file.write_all(&chunk)
             .await

@@ -46,10 +46,14 @@ pub(super) async fn gc(
     j: bool,
 ) -> anyhow::Result<()> {
     let v: GcReport = c
-        .call(c.req(Method::POST, c.url("/v1/admin/gc")).json(&GcRequest {
-            dry_run,
-            grace_seconds: grace,
-        }))
+        .send_json(
+            Method::POST,
+            c.url("/v1/admin/gc"),
+            &GcRequest {
+                dry_run,
+                grace_seconds: grace,
+            },
+        )
         .await?;
     print(j, &v, || {
         let mut s = format!(
@@ -82,7 +86,7 @@ pub(super) async fn create_token(c: &Client, role: String, j: bool) -> anyhow::R
         role,
     };
     let v: TokenCreated = c
-        .call(c.req(Method::POST, c.url("/v1/admin/tokens")).json(&body))
+        .send_json(Method::POST, c.url("/v1/admin/tokens"), &body)
         .await?;
     print(j, &v, || v.token.clone());
     Ok(())

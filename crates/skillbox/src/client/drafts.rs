@@ -53,10 +53,14 @@ enum DraftAnswer {
 pub(super) async fn run(c: &Client, d: DraftCommand, j: bool) -> anyhow::Result<()> {
     let v = match d {
         DraftCommand::Create { skill, base } => DraftAnswer::Created(
-            c.call(c.req(Method::POST, c.ws_url("drafts")).json(&CreateDraft {
-                skill,
-                base_revision: base,
-            }))
+            c.send_json(
+                Method::POST,
+                c.ws_url("drafts"),
+                &CreateDraft {
+                    skill,
+                    base_revision: base,
+                },
+            )
             .await?,
         ),
         DraftCommand::Show { id } => {
@@ -105,11 +109,12 @@ pub(super) async fn run(c: &Client, d: DraftCommand, j: bool) -> anyhow::Result<
             }
         }
         DraftCommand::Rebase { id, base } => DraftAnswer::Created(
-            c.call(
-                c.req(Method::PUT, c.ws_url(&format!("drafts/{id}")))
-                    .json(&Rebase {
-                        base_revision: base,
-                    }),
+            c.send_json(
+                Method::PUT,
+                c.ws_url(&format!("drafts/{id}")),
+                &Rebase {
+                    base_revision: base,
+                },
             )
             .await?,
         ),

@@ -232,6 +232,16 @@ impl Client {
             .with_context(|| format!("the server's answer to {url} is not what this client reads"))
     }
 
+    /// Sends `body` as JSON and reads the answer as `T`.
+    async fn send_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        url: String,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.call(self.req(method, url).json(body)).await
+    }
+
     async fn get<T: DeserializeOwned>(&self, url: String) -> anyhow::Result<T> {
         self.call(self.req(reqwest::Method::GET, url)).await
     }

@@ -94,9 +94,7 @@ pub(super) async fn run(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<Ex
                 ttl_seconds: ttl,
                 require_immutable,
             };
-            let v: RunView = c
-                .call(c.req(Method::POST, c.ws_url("runs")).json(&body))
-                .await?;
+            let v: RunView = c.send_json(Method::POST, c.ws_url("runs"), &body).await?;
             print(j, &v, || v.run_id.clone());
         }
         RunCommand::Show { run } => {
@@ -111,9 +109,10 @@ pub(super) async fn run(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<Ex
             revision,
         } => {
             let v: Activation = c
-                .call(
-                    c.req(Method::POST, c.ws_url(&format!("runs/{run}/activations")))
-                        .json(&Activate { skill, revision }),
+                .send_json(
+                    Method::POST,
+                    c.ws_url(&format!("runs/{run}/activations")),
+                    &Activate { skill, revision },
                 )
                 .await?;
             print(j, &v, || {
@@ -143,12 +142,13 @@ pub(super) async fn run(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<Ex
         }
         RunCommand::Draft { run, skill, base } => {
             let v: RunDraftCreated = c
-                .call(
-                    c.req(Method::POST, c.ws_url(&format!("runs/{run}/drafts")))
-                        .json(&CreateRunDraft {
-                            skill,
-                            base_revision: base,
-                        }),
+                .send_json(
+                    Method::POST,
+                    c.ws_url(&format!("runs/{run}/drafts")),
+                    &CreateRunDraft {
+                        skill,
+                        base_revision: base,
+                    },
                 )
                 .await?;
             print(j, &v, || {
@@ -165,14 +165,15 @@ pub(super) async fn run(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<Ex
             argv,
         } => {
             let v: ExecAnswer = c
-                .call(
-                    c.req(Method::POST, c.ws_url(&format!("runs/{run}/exec")))
-                        .json(&ExecRequest {
-                            skill,
-                            argv: Some(argv),
-                            timeout_ms,
-                            ..Default::default()
-                        }),
+                .send_json(
+                    Method::POST,
+                    c.ws_url(&format!("runs/{run}/exec")),
+                    &ExecRequest {
+                        skill,
+                        argv: Some(argv),
+                        timeout_ms,
+                        ..Default::default()
+                    },
                 )
                 .await?;
             if j {

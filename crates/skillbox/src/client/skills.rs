@@ -90,12 +90,13 @@ pub(super) async fn cat(c: &Client, spec: &str, path: &str) -> anyhow::Result<()
 pub(super) async fn rollback(c: &Client, name: &str, revision: i64, j: bool) -> anyhow::Result<()> {
     let base = c.current_revision(name).await?;
     let v: CurrentMoved = c
-        .call(
-            c.req(Method::PUT, c.ws_url(&format!("skills/{name}/current")))
-                .json(&MoveCurrent {
-                    revision,
-                    base_revision: base,
-                }),
+        .send_json(
+            Method::PUT,
+            c.ws_url(&format!("skills/{name}/current")),
+            &MoveCurrent {
+                revision,
+                base_revision: base,
+            },
         )
         .await?;
     print(j, &v, || {
@@ -117,12 +118,10 @@ pub(super) async fn revoke(c: &Client, spec: &str, reason: String, j: bool) -> a
         .split_once('@')
         .ok_or_else(|| anyhow!("use NAME@REV"))?;
     let v: Revoked = c
-        .call(
-            c.req(
-                Method::POST,
-                c.ws_url(&format!("skills/{name}/revisions/{rev}/revoke")),
-            )
-            .json(&RevokeRequest { reason }),
+        .send_json(
+            Method::POST,
+            c.ws_url(&format!("skills/{name}/revisions/{rev}/revoke")),
+            &RevokeRequest { reason },
         )
         .await?;
     print(j, &v, || {
