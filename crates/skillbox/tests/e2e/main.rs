@@ -41,3 +41,4 @@ mod run_drafts;
 mod runs;
 mod sandbox;
 mod tenants;
+mod wire;
