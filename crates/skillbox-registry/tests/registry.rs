@@ -1,6 +1,10 @@
 //! The registry in process (no server, no HTTP): compare-and-swap publication, replayed
-//! retries, activation conflicts and pins, revocation, and garbage-collection roots — on the
-//! embedded SQLite and local content store, as `serve` opens them.
+//! retries, activation conflicts and pins, revocation, and garbage-collection roots. Each
+//! scenario runs on the embedded SQLite and on a real PostgreSQL (`metadata_test!`): the one
+//! SQL text must hold on both.
+//!
+//! PostgreSQL: `SKILLBOX_TEST_POSTGRES` names a server where the tests may create databases
+//! (`scripts/test` starts one); each test gets a fresh database.
 
 use skillbox_registry::{Registry, RegistryConfig, RegistryError};
 use std::sync::Arc;
@@ -8,11 +12,62 @@ use std::time::Duration;
 
 const WS: &str = "acme";
 
-async fn open() -> (Arc<Registry>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = Registry::open(RegistryConfig::new(dir.path()))
+/// Where a test's metadata lives.
+#[derive(Clone, Copy)]
+enum Metadata {
+    Sqlite,
+    Postgres,
+}
+
+/// Defines a test per metadata store for the scenario `async fn $name(metadata: Metadata)`.
+macro_rules! metadata_test {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                super::$name(super::Metadata::Sqlite).await
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                super::$name(super::Metadata::Postgres).await
+            }
+        }
+    };
+}
+
+/// A fresh database on the test PostgreSQL server.
+async fn fresh_postgres_database() -> String {
+    use sqlx::Connection;
+    let server = std::env::var("SKILLBOX_TEST_POSTGRES").expect(
+        "SKILLBOX_TEST_POSTGRES must name a PostgreSQL server for the tests \
+         (postgres://user@host:port/db); scripts/test starts one",
+    );
+    sqlx::any::install_default_drivers();
+    let mut admin = sqlx::AnyConnection::connect(&server).await.unwrap();
+    let name = format!(
+        "skillbox_test_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
         .await
         .unwrap();
+    let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+    format!("{base}/{name}")
+}
+
+async fn open(metadata: Metadata) -> (Arc<Registry>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RegistryConfig::new(dir.path());
+    if let Metadata::Postgres = metadata {
+        cfg.database_url = Some(fresh_postgres_database().await);
+    }
+    let registry = Registry::open(cfg).await.unwrap();
     (registry, dir)
 }
 
@@ -41,9 +96,8 @@ async fn publish(
         .await
 }
 
-#[tokio::test]
-async fn publication_is_compare_and_swap_and_a_retry_replays() {
-    let (r, _dir) = open().await;
+async fn publication_is_compare_and_swap_and_a_retry_replays(metadata: Metadata) {
+    let (r, _dir) = open(metadata).await;
     let v1 = publish(&r, "demo", 0, "v1").await.unwrap();
     assert_eq!((v1.revision, v1.replayed), (1, false));
     // Two writers from the same base: one wins, the other gets the current revision.
@@ -69,10 +123,12 @@ async fn publication_is_compare_and_swap_and_a_retry_replays() {
     assert_eq!((same.revision, same.replayed), (2, true));
     assert_eq!(r.revisions(WS, "demo").await.unwrap().len(), 2);
 }
+metadata_test!(publication_is_compare_and_swap_and_a_retry_replays);
 
-#[tokio::test]
-async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision() {
-    let (r, _dir) = open().await;
+async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision(
+    metadata: Metadata,
+) {
+    let (r, _dir) = open(metadata).await;
     publish(&r, "demo", 0, "v1").await.unwrap();
     let run = r.create_run(WS, None, None, false).await.unwrap();
     let a = r.activate(WS, &run.run_id, "demo", None).await.unwrap();
@@ -127,10 +183,10 @@ async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision(
         Err(RegistryError::NotFound(_))
     ));
 }
+metadata_test!(a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision);
 
-#[tokio::test]
-async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest() {
-    let (r, _dir) = open().await;
+async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest(metadata: Metadata) {
+    let (r, _dir) = open(metadata).await;
     for (base, v) in [(0, "v1"), (1, "v2"), (2, "v3"), (3, "v4")] {
         publish(&r, "demo", base, v).await.unwrap();
     }
@@ -169,3 +225,4 @@ async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest() 
     assert_eq!(taken(&report), [2]);
     assert!(r.fsck().await.unwrap().ok);
 }
+metadata_test!(collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest);

@@ -144,10 +144,16 @@ impl MetaStore {
                     revision: rev,
                 });
             }
+            // The pointer as the winner left it: on PostgreSQL (read committed) the row read
+            // above may predate a commit that this UPDATE waited for.
+            let current_revision: i64 =
+                sqlx::query("SELECT current_revision FROM skills WHERE id = $1")
+                    .bind(&skill.id)
+                    .fetch_one(&mut *tx)
+                    .await?
+                    .try_get(0)?;
             tx.rollback().await?;
-            return Ok(CommitOutcome::Conflict {
-                current_revision: skill.current_revision,
-            });
+            return Ok(CommitOutcome::Conflict { current_revision });
         };
         let revision: i64 = moved.try_get(0)?;
         execute!(&mut *tx, "INSERT INTO revisions (skill_id, revision, digest, parent_revision, state, publisher, published_at, file_count, size, frontmatter)
