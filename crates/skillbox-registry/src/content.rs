@@ -232,6 +232,23 @@ impl ContentStore {
     }
 }
 
+/// The directory of a `--store` URL: `file:///ABS/PATH`. Other schemes are refused with what
+/// works (S3 is the scale-out issue's).
+pub fn store_path(url: &str) -> Result<PathBuf> {
+    let refuse = |why: &str| {
+        RegistryError::BadRequest(format!(
+            "--store {url:?}: {why}; use file:///ABSOLUTE/PATH (s3:// stores are not built yet)"
+        ))
+    };
+    let path = url
+        .strip_prefix("file://")
+        .ok_or_else(|| refuse("unsupported store URL"))?;
+    if !path.starts_with('/') {
+        return Err(refuse("the path must be absolute"));
+    }
+    Ok(PathBuf::from(path))
+}
+
 fn link_blobs(root: &Path, files: &[(Sha256, PathBuf)]) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     for (sha, path) in files {
@@ -241,6 +258,23 @@ fn link_blobs(root: &Path, files: &[(Sha256, PathBuf)]) -> Result<()> {
         match std::fs::hard_link(path, &target) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            // A store on another file system than the data directory: copy, then link the
+            // complete copy into place (a reader never sees a partial blob).
+            Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+                let tmp = root.join(format!(
+                    "blobs/.incoming-{}",
+                    skillbox_package::staging::unique_name("")
+                ));
+                std::fs::copy(path, &tmp)?;
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o444))?;
+                let linked = std::fs::hard_link(&tmp, &target);
+                std::fs::remove_file(&tmp)?;
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
             Err(e) => return Err(e.into()),
         }
     }

@@ -49,6 +49,9 @@ pub struct RegistryConfig {
     pub data_dir: PathBuf,
     /// `sqlite://…` or `postgres://…`; default: `<data_dir>/skillbox.db`.
     pub database_url: Option<String>,
+    /// Where content lives: `file:///ABS/PATH` (default `<data_dir>/store`); servers that share
+    /// a database share it.
+    pub store: Option<String>,
     pub limits: Limits,
     /// Reject unknown frontmatter keys.
     pub strict: bool,
@@ -59,6 +62,7 @@ impl RegistryConfig {
         RegistryConfig {
             data_dir: data_dir.into(),
             database_url: None,
+            store: None,
             limits: Limits::default(),
             strict: false,
         }
@@ -132,7 +136,10 @@ impl Registry {
         let staging = layout.staging();
         sweep_staging(&staging)?;
         std::fs::create_dir_all(&staging)?;
-        let content = ContentStore::local(&layout.store())?;
+        let content = match &cfg.store {
+            None => ContentStore::local(&layout.store())?,
+            Some(url) => ContentStore::local(&content::store_path(url)?)?,
+        };
         let cache = RevisionCache::new(layout.trees(), staging.clone())?;
         let url = match &cfg.database_url {
             Some(u) => u.clone(),

@@ -188,9 +188,27 @@ impl Registry {
         })
     }
 
+    /// The revision-cache tree of `digest`, built from the content store (every object
+    /// verified) when this server's cache does not have it: another server published it, or
+    /// the cache was deleted while the server was stopped.
+    pub(crate) async fn tree(&self, digest: &Digest, manifest: &Arc<Manifest>) -> Result<PathBuf> {
+        let tree = self.cache.tree_path(digest);
+        if tree.is_dir() {
+            return Ok(tree);
+        }
+        let (cache, content, d, m) = (
+            self.cache.clone(),
+            self.content.clone(),
+            *digest,
+            manifest.clone(),
+        );
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || cache.ensure(&d, &m, None, &content, &rt)).await?
+    }
+
     /// The deterministic tar of a revision.
     pub async fn archive(&self, view: &RevisionView) -> Result<Vec<u8>> {
-        let tree = self.cache.tree_path(&view.digest);
+        let tree = self.tree(&view.digest, &view.manifest).await?;
         let manifest = view.manifest.clone();
         tokio::task::spawn_blocking(move || {
             skillbox_package::write::write_tar(

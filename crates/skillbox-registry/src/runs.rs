@@ -544,21 +544,14 @@ impl Registry {
                 .pinned_content(&pin.skill, &pin.skill_id, pin.revision, &pin.digest)
                 .await?;
             let d: Digest = pin.digest.parse().map_err(RegistryError::internal)?;
-            let tree = self.cache.tree_path(&d);
-            if !tree.is_dir() {
-                let (cache, content) = (self.cache.clone(), self.content.clone());
-                let rt = tokio::runtime::Handle::current();
-                let m = manifest.clone();
-                tokio::task::spawn_blocking(move || cache.ensure(&d, &m, None, &content, &rt))
-                    .await
-                    .map_err(RegistryError::internal)?
-                    .map_err(|e| RegistryError::PinnedRevisionUnavailable {
-                        skill: pin.skill.clone(),
-                        skill_id: pin.skill_id.clone(),
-                        revision: pin.revision,
-                        reason: format!("its tree cannot be rebuilt ({e})"),
-                    })?;
-            }
+            let tree = self.tree(&d, &manifest).await.map_err(|e| {
+                RegistryError::PinnedRevisionUnavailable {
+                    skill: pin.skill.clone(),
+                    skill_id: pin.skill_id.clone(),
+                    revision: pin.revision,
+                    reason: format!("its tree cannot be rebuilt ({e})"),
+                }
+            })?;
             out.push(PinnedTree {
                 pin: pin.clone(),
                 tree,

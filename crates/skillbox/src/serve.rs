@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
+    /// Content store URL: file:///ABS/PATH (default: <data-dir>/store). Servers sharing a
+    /// PostgreSQL database share the store too; each keeps its own --data-dir.
+    #[arg(long, env = "SKILLBOX_STORE")]
+    pub store: Option<String>,
     /// Most client connections open at once (more wait in the listen backlog).
     #[arg(long, env = "SKILLBOX_MAX_CONNECTIONS", default_value_t = skillbox_server::ConnectionLimits::default().max_connections)]
     pub max_connections: usize,
@@ -160,7 +164,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
         let admin_token = admin_token(&DataDir::new(&a.data_dir))?;
         let limits = Limits { max_files: a.max_files, max_file_size: a.max_file_size, max_total_size: a.max_total_size, ..Limits::default() };
-        let cfg = RegistryConfig { data_dir: a.data_dir.clone(), database_url: a.database_url.clone(), limits, strict: a.strict };
+        let cfg = RegistryConfig { data_dir: a.data_dir.clone(), database_url: a.database_url.clone(), store: a.store.clone(), limits, strict: a.strict };
         let registry = Registry::open(cfg).await.context("opening the registry")?;
         let state = Arc::new(AppState {
             registry,

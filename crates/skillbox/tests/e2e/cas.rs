@@ -1,6 +1,8 @@
-//! Compare-and-swap across OS processes (SPEC §4.2, §8.5): two `skillbox serve` processes on
-//! one data directory, 16 concurrent publishers with the same base, 50 rounds. Exactly one
-//! wins each round; the others get 409 with the winner's revision; nothing is lost.
+//! Compare-and-swap across OS processes (SPEC §4.2, §8.5, §8.11): two `skillbox serve`
+//! processes — on one data directory (embedded), or on one PostgreSQL database and one store
+//! with a data directory each (scale-out) — 16 concurrent publishers (8 through each) with the
+//! same base, 50 rounds. Exactly one wins each round; the others get 409 with the winner's
+//! revision; nothing is lost.
 
 // `base` is the revision the next publish expects, not a loop index: kept explicit.
 #![allow(clippy::explicit_counter_loop)]
@@ -12,6 +14,17 @@ async fn sixteen_publishers_two_processes_one_winner() {
     let dir = tempfile::tempdir().unwrap();
     let a = Server::start(dir.path(), &[]);
     let b = Server::start(dir.path(), &[]);
+    sixteen_publishers_one_winner(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_publishers_two_servers_on_postgres_one_winner() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = scale_out_pair(dir.path());
+    sixteen_publishers_one_winner(&a, &b).await;
+}
+
+async fn sixteen_publishers_one_winner(a: &Server, b: &Server) {
     let c = http();
     let mut base = 0i64;
     let mut winners = Vec::new();
@@ -19,7 +32,7 @@ async fn sixteen_publishers_two_processes_one_winner() {
         let mut tasks = Vec::new();
         for writer in 0..16 {
             let c = c.clone();
-            let server = if writer % 2 == 0 { &a } else { &b };
+            let server = if writer % 2 == 0 { a } else { b };
             let url = server.ws(
                 "acme",
                 &format!("skills/race/revisions?base_revision={base}"),

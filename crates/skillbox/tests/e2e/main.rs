@@ -40,5 +40,6 @@ mod lifecycle;
 mod run_drafts;
 mod runs;
 mod sandbox;
+mod scale_out;
 mod tenants;
 mod wire;

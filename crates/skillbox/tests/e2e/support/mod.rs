@@ -517,3 +517,44 @@ pub async fn assert_tmp_and_workspace_capped(c: &reqwest::Client, s: &Server, ru
 
 /// The sizes [`assert_tmp_and_workspace_capped`] expects.
 pub const SMALL_SANDBOX: [&str; 4] = ["--tmp-size", "8388608", "--workspace-quota", "33554432"];
+
+/// A fresh database on the test PostgreSQL server (`SKILLBOX_TEST_POSTGRES`, which
+/// `scripts/test` sets): its URL.
+pub fn fresh_postgres_database() -> String {
+    let server = std::env::var("SKILLBOX_TEST_POSTGRES").expect(
+        "SKILLBOX_TEST_POSTGRES must name a PostgreSQL server for the tests; scripts/test starts one",
+    );
+    let name = format!(
+        "skillbox_e2e_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let out = Command::new("psql")
+        .args([&server, "-qc", &format!("CREATE DATABASE {name}")])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+    format!("{base}/{name}")
+}
+
+/// Two servers as a scale-out deployment runs them: one PostgreSQL database and one content
+/// store shared, each server with its own data directory (under `dir`).
+pub fn scale_out_pair(dir: &Path) -> (Server, Server) {
+    let database = fresh_postgres_database();
+    let store = format!("file://{}", dir.join("store").display());
+    let start = |name: &str| {
+        Server::start(
+            &dir.join(name),
+            &["--database-url", &database, "--store", &store],
+        )
+    };
+    (start("a"), start("b"))
+}
