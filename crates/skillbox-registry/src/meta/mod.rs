@@ -215,7 +215,17 @@ impl MetaStore {
     /// checked under the write lock, which content deletion also takes (see `gc.rs`), so the
     /// answer holds until the transaction ends; `None` (rolled back) when it does not.
     pub(crate) async fn write_tx_with(&self, present: PresenceCheck<'_>) -> Result<Option<Tx>> {
-        let tx = self.write_tx().await?;
+        let mut tx = self.write_tx().await?;
+        if self.dialect == Dialect::Postgres {
+            // A collection's content sweep holds SHARE ROW EXCLUSIVE on these tables (see
+            // `lock_for_gc`), which this mode conflicts with: the check below and the sweep
+            // are ordered, as SQLite's BEGIN IMMEDIATE orders them. Publishers do not
+            // exclude each other (ROW EXCLUSIVE is compatible with itself).
+            execute!(
+                &mut *tx,
+                "LOCK TABLE revisions, draft_files IN ROW EXCLUSIVE MODE"
+            );
+        }
         if present() {
             return Ok(Some(tx));
         }

@@ -262,6 +262,19 @@ async fn gc_keeps_roots_and_frees_the_rest() {
 async fn gc_never_deletes_content_a_concurrent_publish_references() {
     let dir = tempfile::tempdir().unwrap();
     let s = Server::start(dir.path(), &[]);
+    gc_races_publishes(&s, &s).await;
+}
+
+/// The same race across two servers on PostgreSQL and a shared store: publishes and draft
+/// writes through A, collections through B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gc_on_one_server_never_deletes_content_a_publish_on_another_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = scale_out_pair(dir.path());
+    gc_races_publishes(&a, &b).await;
+}
+
+async fn gc_races_publishes(s: &Server, collector_server: &Server) {
     let c = http();
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -294,11 +307,11 @@ async fn gc_never_deletes_content_a_concurrent_publish_references() {
             &format!("x{}", round % 3),
             &format!("x-unique-{}", round % 3),
         );
-        let (st, _) = publish(&c, &s, ADMIN, "acme", "demo", base, x.clone()).await;
+        let (st, _) = publish(&c, s, ADMIN, "acme", "demo", base, x.clone()).await;
         assert_eq!(st, 201);
         let (st, _) = publish(
             &c,
-            &s,
+            s,
             ADMIN,
             "acme",
             "demo",
@@ -312,7 +325,7 @@ async fn gc_never_deletes_content_a_concurrent_publish_references() {
         // writes a file with X's unique bytes (both deduplicate against what GC removes).
         let delay = next() % 6;
         let collector = {
-            let (c, url) = (c.clone(), format!("{}/v1/admin/gc", s.url));
+            let (c, url) = (c.clone(), format!("{}/v1/admin/gc", collector_server.url));
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
                 let r = c
@@ -343,14 +356,14 @@ async fn gc_never_deletes_content_a_concurrent_publish_references() {
             })
         };
         tokio::time::sleep(std::time::Duration::from_millis(next() % 6)).await;
-        let (st, again) = publish(&c, &s, ADMIN, "acme", "demo", base, x).await;
+        let (st, again) = publish(&c, s, ADMIN, "acme", "demo", base, x).await;
         assert_eq!(st, 201, "{again}");
         base += 1;
         collector.await.unwrap();
         writer.await.unwrap();
         // The re-published revision is complete and the draft's file readable.
         let n = again["revision"].as_i64().unwrap();
-        let (st, d) = archive_digest(&c, &s, "acme", "demo", n).await;
+        let (st, d) = archive_digest(&c, s, "acme", "demo", n).await;
         assert_eq!(st, 200, "round {round}: r{n} lost content");
         assert_eq!(d, again["digest"].as_str().unwrap());
         let body = c
