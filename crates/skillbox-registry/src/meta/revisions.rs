@@ -74,15 +74,12 @@ impl MetaStore {
         base: i64,
         digest: &str,
     ) -> Result<Option<Revision>> {
-        let mut tx = self.pool().begin().await?;
-        let found = Self::replay_of(&mut tx, skill_id, base, digest).await?;
-        tx.commit().await?;
-        Ok(found)
+        Self::replay_of(&self.pool, skill_id, base, digest).await
     }
 
-    /// [`MetaStore::replay`] inside the commit's transaction.
-    async fn replay_of(
-        tx: &mut Tx,
+    /// [`MetaStore::replay`] on `db` (the pool, or the commit's transaction).
+    async fn replay_of<'e>(
+        db: impl sqlx::Executor<'e, Database = sqlx::Any>,
         skill_id: &str,
         base: i64,
         digest: &str,
@@ -94,7 +91,7 @@ impl MetaStore {
             .bind(skill_id)
             .bind(base)
             .bind(digest)
-            .fetch_optional(&mut **tx)
+            .fetch_optional(db)
             .await?;
         row.as_ref().map(revision_from).transpose()
     }
@@ -136,7 +133,7 @@ impl MetaStore {
         .await?;
         let Some(moved) = moved else {
             if let Some(rev) =
-                Self::replay_of(&mut tx, &skill.id, n.base_revision, n.digest).await?
+                Self::replay_of(&mut *tx, &skill.id, n.base_revision, n.digest).await?
             {
                 tx.rollback().await?;
                 return Ok(CommitOutcome::Replayed {
@@ -242,9 +239,11 @@ pub enum Revocation {
     },
 }
 
-async fn live_digests(tx: &mut Tx) -> Result<HashSet<String>> {
+async fn live_digests<'e>(
+    db: impl sqlx::Executor<'e, Database = sqlx::Any>,
+) -> Result<HashSet<String>> {
     let rows = sqlx::query("SELECT DISTINCT digest FROM revisions WHERE state = 'available'")
-        .fetch_all(&mut **tx)
+        .fetch_all(db)
         .await?;
     rows.iter()
         .map(|r| Ok(r.try_get::<String, _>(0)?))
@@ -314,17 +313,14 @@ impl MetaStore {
 
     /// Digests of available revisions now.
     pub async fn live_digests(&self) -> Result<HashSet<String>> {
-        let mut tx = self.pool().begin().await?;
-        let live = live_digests(&mut tx).await?;
-        tx.commit().await?;
-        Ok(live)
+        live_digests(&self.pool).await
     }
 
     /// Starts the content-deletion phase of a collection (see [`ContentSweep`]).
     pub async fn content_sweep(&self) -> Result<ContentSweep> {
         let mut tx = self.write_tx().await?;
         self.lock_for_gc(&mut tx).await?;
-        let live = live_digests(&mut tx).await?;
+        let live = live_digests(&mut *tx).await?;
         let draft_blobs = sqlx::query("SELECT DISTINCT sha256 FROM draft_files")
             .fetch_all(&mut *tx)
             .await?
