@@ -6,7 +6,8 @@ use serde_json::{Map, Value};
 wire_enum! {
     /// Every error code the API answers with; [`ErrorCode::status`] pairs each with its HTTP
     /// status, in one place. `timeout`: the request took longer than the server's request
-    /// timeout.
+    /// timeout. `unavailable`: the metadata database or the content store does not answer
+    /// (an outage; nothing was changed, retry later).
     pub enum ErrorCode {
         BadRequest = "bad_request", Unauthorized = "unauthorized", Forbidden = "forbidden",
         SkillNotAuthorized = "skill_not_authorized", NotFound = "not_found",
@@ -16,7 +17,7 @@ wire_enum! {
         PinnedRevisionUnavailable = "pinned_revision_unavailable", SandboxLost = "sandbox_lost",
         TooLarge = "too_large", InvalidPackage = "invalid_package",
         DependencyBuildFailed = "dependency_build_failed", Internal = "internal",
-        BoxUnavailable = "box_unavailable", Timeout = "timeout",
+        BoxUnavailable = "box_unavailable", Timeout = "timeout", Unavailable = "unavailable",
     }
 }
 
@@ -37,7 +38,7 @@ impl ErrorCode {
             ErrorCode::TooLarge => 413,
             ErrorCode::InvalidPackage | ErrorCode::DependencyBuildFailed => 422,
             ErrorCode::Internal => 500,
-            ErrorCode::BoxUnavailable | ErrorCode::Timeout => 503,
+            ErrorCode::BoxUnavailable | ErrorCode::Timeout | ErrorCode::Unavailable => 503,
         }
     }
 }

@@ -6,10 +6,16 @@
 //!
 //! When the store is the local filesystem, blobs are added by hard-linking the staged upload
 //! file into place (zero copy; `EEXIST` is deduplication) and durability comes from one
-//! `syncfs` per publish instead of an fsync per file.
+//! `syncfs` per publish instead of an fsync per file. On S3 (`s3://BUCKET[/PREFIX]`) every
+//! object is a conditional `PUT` (`If-None-Match: *`), durable when acknowledged.
+//!
+//! Every object read back is verified against its hash; one that fails is treated as missing
+//! (and logged), so wrong bytes are never served, cached or mounted.
 
 use crate::error::{RegistryError, Result};
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, path::Path as Key};
 use skillbox_package::{Digest, Manifest, Sha256};
 use std::path::{Path, PathBuf};
@@ -50,6 +56,63 @@ impl ContentStore {
         }
     }
 
+    /// The store a `--store` URL names. An S3 store takes its endpoint, region and credentials
+    /// from the standard `AWS_*` variables; it is not contacted here (see [`ContentStore::ping`]).
+    pub fn open(url: &StoreUrl) -> Result<Self> {
+        match url {
+            StoreUrl::Local(root) => Self::local(root),
+            StoreUrl::S3 { bucket, prefix } => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+                use object_store::{ClientConfigKey, RetryConfig};
+                // Fail fast on an outage (a 503 to the client, `/healthz` red) instead of the
+                // crate's default of retrying for minutes.
+                let retry = RetryConfig {
+                    max_retries: 3,
+                    retry_timeout: std::time::Duration::from_secs(10),
+                    ..Default::default()
+                };
+                // Set as keys, not as a whole `ClientOptions`, so that the AWS_* variables'
+                // client settings (AWS_ALLOW_HTTP) stay.
+                let mut builder = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_retry(retry)
+                    .with_config(
+                        AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+                        "3s",
+                    )
+                    .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "60s");
+                if std::env::var_os("AWS_REGION").is_none()
+                    && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+                {
+                    builder = builder.with_region("us-east-1");
+                }
+                let s3 = builder.build().map_err(|e| {
+                    RegistryError::BadRequest(format!(
+                        "--store {url}: {e}; S3 settings come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_ALLOW_HTTP"
+                    ))
+                })?;
+                let store: Arc<dyn ObjectStore> = match prefix {
+                    Some(p) => Arc::new(object_store::prefix::PrefixStore::new(s3, p.as_str())),
+                    None => Arc::new(s3),
+                };
+                Ok(Self::remote(store))
+            }
+        }
+    }
+
+    /// A round trip to the store: a listing of the manifests' top level (cheap on any size).
+    pub async fn ping(&self) -> Result<()> {
+        self.store
+            .list_with_delimiter(Some(&Key::from("manifests")))
+            .await?;
+        Ok(())
+    }
+
+    /// Whether the store is the local file system (hard links, `syncfs`) rather than remote.
+    pub fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.store
     }
@@ -69,11 +132,15 @@ impl ContentStore {
                 .await
                 .map_err(RegistryError::internal)?;
         }
-        for (sha, path) in files {
-            let bytes = tokio::fs::read(&path).await?;
-            self.put_create(&blob_key(&sha), Bytes::from(bytes)).await?;
-        }
-        Ok(())
+        // Several uploads in flight: a remote store's latency, not its bandwidth, is the cost.
+        futures_util::stream::iter(files)
+            .map(|(sha, path)| async move {
+                let bytes = tokio::fs::read(&path).await?;
+                self.put_create(&blob_key(&sha), Bytes::from(bytes)).await
+            })
+            .buffer_unordered(REMOTE_CONCURRENCY)
+            .try_collect::<()>()
+            .await
     }
 
     /// Adds one blob from memory.
@@ -101,29 +168,92 @@ impl ContentStore {
         }
     }
 
-    /// Loads and parses a manifest; `None` if it is not in the store.
+    /// Loads and parses a manifest; `None` if it is not in the store or fails verification.
     pub async fn get_manifest(&self, digest: &Digest) -> Result<Option<Manifest>> {
-        let bytes = match self.store.get(&manifest_key(digest)).await {
-            Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        let Some(bytes) = self.get_verified(&manifest_key(digest), &digest.0).await? else {
+            return Ok(None);
         };
-        if Digest(Sha256::of(&bytes)) != *digest {
-            return Err(RegistryError::broken(format!(
-                "stored manifest {digest} does not match its digest"
-            )));
-        }
         Manifest::parse(&bytes)
             .map(Some)
             .map_err(RegistryError::internal)
     }
 
+    /// A blob's bytes; `None` if it is not in the store or fails verification.
     pub async fn get_blob(&self, sha: &Sha256) -> Result<Option<Bytes>> {
-        match self.store.get(&blob_key(sha)).await {
+        self.get_verified(&blob_key(sha), sha).await
+    }
+
+    /// What the store holds under a blob's key, unverified (for `fsck`, which reports).
+    pub async fn get_blob_unverified(&self, sha: &Sha256) -> Result<Option<Bytes>> {
+        self.get_raw(&blob_key(sha)).await
+    }
+
+    async fn get_raw(&self, key: &Key) -> Result<Option<Bytes>> {
+        match self.store.get(key).await {
             Ok(r) => Ok(Some(r.bytes().await?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    async fn get_verified(&self, key: &Key, sha: &Sha256) -> Result<Option<Bytes>> {
+        let Some(bytes) = self.get_raw(key).await? else {
+            return Ok(None);
+        };
+        if Sha256::of(&bytes) != *sha {
+            tracing::error!(object = %key, "stored object does not match its hash: treated as missing");
+            return Ok(None);
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Whether these objects are all in the store (and, when given, the revision-cache tree
+    /// exists): what a commit checks under the metadata write lock, which a collection's sweep
+    /// also takes, so that a concurrent collection cannot leave a commit naming deleted
+    /// content. Local: file tests. Remote: a `HEAD` per object, several in flight.
+    pub fn presence_check(
+        &self,
+        blobs: Vec<Sha256>,
+        manifest: Option<Digest>,
+        tree: Option<PathBuf>,
+    ) -> impl Fn() -> BoxFuture<'static, Result<bool>> + Send + Sync + use<> {
+        let content = self.clone();
+        let (blobs, tree) = (Arc::new(blobs), Arc::new(tree));
+        move || {
+            let (content, blobs, tree) = (content.clone(), blobs.clone(), tree.clone());
+            Box::pin(async move {
+                if let Some(tree) = tree.as_ref()
+                    && content.is_local()
+                    && !tree.is_dir()
+                {
+                    return Ok(false);
+                }
+                content.all_present(&blobs, manifest.as_ref()).await
+            })
+        }
+    }
+
+    async fn all_present(&self, blobs: &[Sha256], manifest: Option<&Digest>) -> Result<bool> {
+        if let Some(root) = &self.local_root {
+            return Ok(manifest
+                .is_none_or(|m| root.join(format!("manifests/sha256/{}", m.0)).is_file())
+                && blobs
+                    .iter()
+                    .all(|b| root.join(format!("blobs/sha256/{b}")).is_file()));
+        }
+        let keys = blobs.iter().map(blob_key).chain(manifest.map(manifest_key));
+        let missing = futures_util::stream::iter(keys)
+            .map(|key| async move {
+                match self.store.head(&key).await {
+                    Ok(_) => Ok(false),
+                    Err(object_store::Error::NotFound { .. }) => Ok(true),
+                    Err(e) => Err(RegistryError::from(e)),
+                }
+            })
+            .buffer_unordered(REMOTE_CONCURRENCY)
+            .try_any(std::future::ready)
+            .await?;
+        Ok(!missing)
     }
 
     /// Makes everything written so far durable. Local: one `syncfs` of the store's filesystem.
@@ -142,7 +272,6 @@ impl ContentStore {
 
     /// Every object under `prefix` named by a SHA-256: hash, size, last modified.
     async fn list_hashed(&self, prefix: &str) -> Result<Vec<(Sha256, u64, std::time::SystemTime)>> {
-        use futures_util::TryStreamExt;
         let metas: Vec<_> = self
             .store
             .list(Some(&Key::from(prefix)))
@@ -199,30 +328,8 @@ impl ContentStore {
         }
     }
 
-    /// Whether all these objects are present (local stores only; a remote store answers
-    /// true and relies on its own conditional writes).
-    pub fn all_present_locally(&self, blobs: &[Sha256], manifest: &Digest) -> bool {
-        let Some(root) = &self.local_root else {
-            return true;
-        };
-        root.join(format!("manifests/sha256/{}", manifest.0))
-            .is_file()
-            && self.all_blobs_present_locally(blobs)
-    }
-
-    /// Like [`ContentStore::all_present_locally`], for blobs only.
-    pub fn all_blobs_present_locally(&self, blobs: &[Sha256]) -> bool {
-        let Some(root) = &self.local_root else {
-            return true;
-        };
-        blobs
-            .iter()
-            .all(|b| root.join(format!("blobs/sha256/{b}")).is_file())
-    }
-
     /// Every blob hash in the store.
     pub async fn list_blobs(&self) -> Result<Vec<Sha256>> {
-        use futures_util::TryStreamExt;
         let prefix = Key::from("blobs/sha256");
         let metas: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
         Ok(metas
@@ -232,21 +339,73 @@ impl ContentStore {
     }
 }
 
-/// The directory of a `--store` URL: `file:///ABS/PATH`. Other schemes are refused with what
-/// works (S3 is the scale-out issue's).
-pub fn store_path(url: &str) -> Result<PathBuf> {
-    let refuse = |why: &str| {
-        RegistryError::BadRequest(format!(
-            "--store {url:?}: {why}; use file:///ABSOLUTE/PATH (s3:// stores are not built yet)"
-        ))
-    };
-    let path = url
-        .strip_prefix("file://")
-        .ok_or_else(|| refuse("unsupported store URL"))?;
-    if !path.starts_with('/') {
-        return Err(refuse("the path must be absolute"));
+/// Uploads or existence checks in flight at once on a remote store.
+const REMOTE_CONCURRENCY: usize = 16;
+
+/// Where content lives: a `--store` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `file:///ABS/PATH`
+    Local(PathBuf),
+    /// `s3://BUCKET[/PREFIX]`
+    S3 {
+        bucket: String,
+        prefix: Option<String>,
+    },
+}
+
+impl StoreUrl {
+    pub fn parse(url: &str) -> Result<Self> {
+        let refuse = |why: &str| {
+            RegistryError::BadRequest(format!(
+                "--store {url:?}: {why}; use file:///ABSOLUTE/PATH or s3://BUCKET[/PREFIX]"
+            ))
+        };
+        if let Some(path) = url.strip_prefix("file://") {
+            if !path.starts_with('/') {
+                return Err(refuse("the path must be absolute"));
+            }
+            return Ok(StoreUrl::Local(PathBuf::from(path)));
+        }
+        let Some(rest) = url.strip_prefix("s3://") else {
+            return Err(refuse("unsupported store URL"));
+        };
+        let (bucket, prefix) = match rest.split_once('/') {
+            Some((b, p)) => (b, p.trim_matches('/')),
+            None => (rest, ""),
+        };
+        // S3's bucket naming rules: 3–63 of lowercase letters, digits, dots and hyphens.
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+        if !bucket_ok {
+            return Err(refuse("not a valid bucket name"));
+        }
+        if prefix.split('/').any(|seg| seg == "." || seg == "..") {
+            return Err(refuse("the prefix may not contain . or .. segments"));
+        }
+        Ok(StoreUrl::S3 {
+            bucket: bucket.to_string(),
+            prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+        })
     }
-    Ok(PathBuf::from(path))
+}
+
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Local(path) => write!(f, "file://{}", path.display()),
+            StoreUrl::S3 {
+                bucket,
+                prefix: None,
+            } => write!(f, "s3://{bucket}"),
+            StoreUrl::S3 {
+                bucket,
+                prefix: Some(p),
+            } => write!(f, "s3://{bucket}/{p}"),
+        }
+    }
 }
 
 fn link_blobs(root: &Path, files: &[(Sha256, PathBuf)]) -> Result<()> {
@@ -286,4 +445,45 @@ fn link_blobs(root: &Path, files: &[(Sha256, PathBuf)]) -> Result<()> {
 pub struct StoreUsage {
     pub blobs: u64,
     pub blob_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls() {
+        assert_eq!(
+            StoreUrl::parse("file:///srv/store").unwrap(),
+            StoreUrl::Local("/srv/store".into())
+        );
+        assert_eq!(
+            StoreUrl::parse("s3://my-bucket").unwrap(),
+            StoreUrl::S3 {
+                bucket: "my-bucket".into(),
+                prefix: None
+            }
+        );
+        let with_prefix = StoreUrl::parse("s3://my-bucket/team/a/").unwrap();
+        assert_eq!(
+            with_prefix,
+            StoreUrl::S3 {
+                bucket: "my-bucket".into(),
+                prefix: Some("team/a".into())
+            }
+        );
+        assert_eq!(with_prefix.to_string(), "s3://my-bucket/team/a");
+        for bad in [
+            "file://relative",
+            "http://x",
+            "s3://",
+            "s3://Upper",
+            "s3://ab",
+            "s3://bucket/../x",
+            "/abs/path",
+        ] {
+            let err = StoreUrl::parse(bad).unwrap_err();
+            assert!(matches!(err, RegistryError::BadRequest(_)), "{bad}: {err}");
+        }
+    }
 }

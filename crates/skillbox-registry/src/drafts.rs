@@ -43,8 +43,7 @@ impl Registry {
             .iter()
             .filter_map(|f| Sha256::from_hex(&f.sha256))
             .collect();
-        let content = self.content.clone();
-        let present = move || content.all_blobs_present_locally(&hashes);
+        let present = self.content.presence_check(hashes, None, None);
         if !self
             .meta
             .insert_draft(&id, workspace, skill, base_revision, &files, &present)
@@ -125,8 +124,7 @@ there (exec) and publish with POST …/drafts/{id}/publish",
                 size,
                 executable,
             };
-            let content = self.content.clone();
-            let present = move || content.all_blobs_present_locally(&[sha]);
+            let present = self.content.presence_check(vec![sha], None, None);
             // A concurrent collection may delete a blob we deduplicated against: put it again.
             if self.meta.put_draft_file(id, &f, &present).await? {
                 return Ok(f);

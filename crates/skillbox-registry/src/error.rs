@@ -84,6 +84,8 @@ impl RegistryError {
             RegistryError::NotActivated(_) => ErrorCode::NotActivated,
             RegistryError::ActivationConflict { .. } => ErrorCode::ActivationConflict,
             RegistryError::PinnedRevisionUnavailable { .. } => ErrorCode::PinnedRevisionUnavailable,
+            RegistryError::Metadata(e) if metadata_outage(e) => ErrorCode::Unavailable,
+            RegistryError::Store(e) if store_outage(e) => ErrorCode::Unavailable,
             RegistryError::Metadata(_)
             | RegistryError::Store(_)
             | RegistryError::Io(_)
@@ -148,6 +150,46 @@ impl RegistryError {
             message: message.into(),
             source: None,
         }
+    }
+}
+
+/// Whether a metadata failure is the database being unreachable (connection refused or lost,
+/// no connection free in time, the server shutting down) rather than a fault in a statement.
+fn metadata_outage(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        // SQLSTATE classes 08 (connection exception) and 57 (operator intervention: shutdown,
+        // admin terminating the connection).
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57")),
+        _ => false,
+    }
+}
+
+/// Whether a content-store failure is the store being unreachable or failing (network, 5xx,
+/// credentials refused) rather than an answer about an object.
+fn store_outage(e: &object_store::Error) -> bool {
+    !matches!(
+        e,
+        object_store::Error::NotFound { .. }
+            | object_store::Error::AlreadyExists { .. }
+            | object_store::Error::Precondition { .. }
+            | object_store::Error::NotModified { .. }
+            | object_store::Error::InvalidPath { .. }
+            | object_store::Error::NotSupported { .. }
+            | object_store::Error::NotImplemented { .. }
+    )
+}
+
+impl RegistryError {
+    /// Whether this is an outage of the database or the store (`unavailable`, 503).
+    pub fn is_outage(&self) -> bool {
+        self.code() == ErrorCode::Unavailable
     }
 }
 

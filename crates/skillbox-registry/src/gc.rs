@@ -11,6 +11,13 @@
 //! tree, or manifest) the collector removes finds it missing in its own commit transaction,
 //! restores it from its staging copy, and commits again. Blobs and trees younger than the
 //! grace period are never deleted either.
+//!
+//! One collection at a time: in the process by a mutex, across servers on PostgreSQL by an
+//! advisory lock held for the whole collection ([`MetaStore::gc_lock`]). A collection that
+//! cannot read a live revision's manifest deletes no blobs at all (it cannot know which of
+//! them that revision needs).
+//!
+//! [`MetaStore::gc_lock`]: crate::MetaStore::gc_lock
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
@@ -23,6 +30,11 @@ use std::time::Duration;
 impl Registry {
     /// Runs a collection. `dry_run` reports what would be collected and changes nothing.
     pub async fn gc(&self, dry_run: bool, grace: Duration) -> Result<GcReport> {
+        let _one_at_a_time = if dry_run {
+            None
+        } else {
+            Some(self.meta.gc_lock().await?)
+        };
         let now = now_ms();
         let cutoff = now - grace.as_millis() as i64;
         let mut report = GcReport {
@@ -63,10 +75,12 @@ impl Registry {
             }
         }
         let mut referenced: HashSet<Sha256> = HashSet::new();
+        let mut unreadable_live_manifests = 0;
         for d in &live {
             let digest: Digest = d.parse().map_err(RegistryError::internal)?;
-            if let Some(m) = self.content.get_manifest(&digest).await? {
-                referenced.extend(m.entries().iter().map(|e| e.sha256));
+            match self.content.get_manifest(&digest).await? {
+                Some(m) => referenced.extend(m.entries().iter().map(|e| e.sha256)),
+                None => unreadable_live_manifests += 1,
             }
         }
         for h in self.meta.draft_blob_refs().await? {
@@ -92,11 +106,16 @@ impl Registry {
             .filter(|(d, modified)| !live.contains(&d.to_string()) && old_enough(*modified))
             .map(|(d, _)| d)
             .collect();
-        let blob_candidates: Vec<(Sha256, u64)> = self
-            .content
-            .list_blob_meta()
-            .await?
-            .into_iter()
+        let blob_candidates: Vec<(Sha256, u64)> = if unreadable_live_manifests > 0 {
+            tracing::error!(
+                unreadable_live_manifests,
+                "live revisions whose manifest is missing or corrupt: no blob is collected (run fsck)"
+            );
+            Vec::new()
+        } else {
+            self.content.list_blob_meta().await?
+        }
+        .into_iter()
             .filter(|(sha, _, modified)| !referenced.contains(sha) && old_enough(*modified))
             .map(|(sha, size, _)| (sha, size))
             .collect();
@@ -111,10 +130,12 @@ impl Registry {
         // Delete under the write lock, after re-reading what became live meanwhile.
         let sweep = self.meta.content_sweep().await?;
         let live_now = sweep.live.clone();
+        let mut sweep_blobs = true;
         for d in live_now.difference(&live) {
             let digest: Digest = d.parse().map_err(RegistryError::internal)?;
-            if let Some(m) = self.content.get_manifest(&digest).await? {
-                referenced.extend(m.entries().iter().map(|e| e.sha256));
+            match self.content.get_manifest(&digest).await? {
+                Some(m) => referenced.extend(m.entries().iter().map(|e| e.sha256)),
+                None => sweep_blobs = false,
             }
         }
         referenced.extend(sweep.draft_blobs.iter().copied());
@@ -134,7 +155,7 @@ impl Registry {
         }
         for (sha, size) in blob_candidates
             .iter()
-            .filter(|(sha, _)| !referenced.contains(sha))
+            .filter(|(sha, _)| sweep_blobs && !referenced.contains(sha))
         {
             self.content.delete_blob(sha).await?;
             report.blobs_removed += 1;

@@ -19,6 +19,7 @@ pub mod fsck;
 pub mod gc;
 pub mod layout;
 pub mod meta;
+mod notify;
 mod publish;
 mod reads;
 mod revoke;
@@ -28,7 +29,7 @@ mod skills;
 pub use auth::{Principal, Role};
 pub use error::{RegistryError, Result};
 pub use layout::DataDir;
-pub use meta::{DraftRow, MetaStore, SkillRow};
+pub use meta::{DraftRow, MetaStore, RunState, SkillRow};
 pub use reads::{FileContent, RevSel, RevisionView};
 pub use runs::{ExecContext, PinnedTree};
 pub use skillbox_api::{
@@ -49,8 +50,8 @@ pub struct RegistryConfig {
     pub data_dir: PathBuf,
     /// `sqlite://…` or `postgres://…`; default: `<data_dir>/skillbox.db`.
     pub database_url: Option<String>,
-    /// Where content lives: `file:///ABS/PATH` (default `<data_dir>/store`); servers that share
-    /// a database share it.
+    /// Where content lives: `file:///ABS/PATH` (default `<data_dir>/store`) or
+    /// `s3://BUCKET[/PREFIX]`; servers that share a database share it.
     pub store: Option<String>,
     pub limits: Limits,
     /// Reject unknown frontmatter keys.
@@ -83,8 +84,11 @@ pub struct Registry {
     /// Resolved workspace tokens by hash (immutable once minted).
     pub(crate) tokens: Mutex<HashMap<String, Principal>>,
     instructions: Memo<String>,
-    /// Bumped after every committed change: wakes event streams.
-    changes: tokio::sync::watch::Sender<u64>,
+    /// Bumped after every committed change (here, or on PostgreSQL on any server): wakes
+    /// event streams.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+    /// PostgreSQL: hears other servers' changes for as long as the registry lives.
+    _listener: Option<notify::Listener>,
 }
 
 /// A bounded memo of what a digest determines (its manifest, its instructions): immutable
@@ -138,20 +142,47 @@ impl Registry {
         std::fs::create_dir_all(&staging)?;
         let content = match &cfg.store {
             None => ContentStore::local(&layout.store())?,
-            Some(url) => ContentStore::local(&content::store_path(url)?)?,
+            Some(url) => ContentStore::open(&content::StoreUrl::parse(url)?)?,
         };
+        content.ping().await.map_err(|e| {
+            RegistryError::context(
+                format!(
+                    "the content store {} does not answer (is it running, does the bucket exist, are the AWS_* credentials right?)",
+                    cfg.store.as_deref().unwrap_or("(local)")
+                ),
+                e,
+            )
+        })?;
         let cache = RevisionCache::new(layout.trees(), staging.clone())?;
         let url = match &cfg.database_url {
             Some(u) => u.clone(),
             None => layout.sqlite_url(),
         };
-        let meta = MetaStore::connect(&url).await?;
-        let pin_cache = runs::PinCache::new(
-            layout.pin_cache_generation(),
-            meta.dialect() == meta::Dialect::Sqlite,
-        );
-        let (changes, _) = tokio::sync::watch::channel(0);
+        let meta = MetaStore::connect(&url).await.map_err(|e| {
+            RegistryError::context(
+                format!(
+                    "cannot open the metadata database {} (is it running, are the URL and credentials right?)",
+                    meta::redacted_url(&url)
+                ),
+                e,
+            )
+        })?;
+        let changes = Arc::new(tokio::sync::watch::channel(0).0);
         let (revocations, _) = tokio::sync::broadcast::channel(1024);
+        let (pin_generation, listener) = match meta.dialect() {
+            meta::Dialect::Sqlite => (runs::Generation::File(layout.pin_cache_generation()), None),
+            meta::Dialect::Postgres => {
+                let notified = Arc::new(notify::NotifiedGeneration::default());
+                let hearers = notify::Hearers {
+                    pins: notified.clone(),
+                    changes: changes.clone(),
+                    revocations: revocations.clone(),
+                };
+                let listener = notify::listen(meta.url().to_string(), hearers);
+                (runs::Generation::Notified(notified), Some(listener))
+            }
+        };
+        let pin_cache = runs::PinCache::new(pin_generation);
         Ok(Arc::new(Registry {
             cfg,
             layout,
@@ -165,6 +196,7 @@ impl Registry {
             pin_cache,
             instructions: Memo::default(),
             changes,
+            _listener: listener,
         }))
     }
 
@@ -206,6 +238,13 @@ impl Registry {
     /// Subscribes to change notifications (any committed change in any workspace).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    /// Whether other servers' changes are pushed to this one now (PostgreSQL's notifications,
+    /// while listening), so that [`Registry::subscribe`] wakes for them too; else other
+    /// processes must be polled.
+    pub fn hears_other_servers(&self) -> bool {
+        self.pin_cache.hears_other_servers()
     }
 
     /// Subscribes to revocations (skill id, revision).
@@ -256,6 +295,11 @@ impl Registry {
     /// Whether the metadata store answers (for `/healthz`).
     pub async fn ping(&self) -> Result<()> {
         self.meta.ping().await
+    }
+
+    /// Whether the content store answers (for `/healthz`).
+    pub async fn ping_store(&self) -> Result<()> {
+        self.content.ping().await
     }
 }
 

@@ -163,10 +163,9 @@ impl Registry {
             serde_json::to_value(&pkg.skill.frontmatter).map_err(RegistryError::internal)?;
         let blob_hashes: Vec<_> = pkg.manifest.entries().iter().map(|e| e.sha256).collect();
         let tree = self.cache.tree_path(&pkg.digest);
-        let present = {
-            let (content, digest, tree) = (self.content.clone(), pkg.digest, tree.clone());
-            move || tree.is_dir() && content.all_present_locally(&blob_hashes, &digest)
-        };
+        let present =
+            self.content
+                .presence_check(blob_hashes, Some(pkg.digest), Some(tree.clone()));
         let mut attempts = 0;
         loop {
             attempts += 1;

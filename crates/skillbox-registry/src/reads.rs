@@ -147,7 +147,10 @@ impl Registry {
                 view.revision.revision
             ))
         })?;
-        match self.file_content(&view.digest, &entry).await? {
+        match self
+            .file_content(&view.digest, &view.manifest, &entry)
+            .await?
+        {
             Some(content) => Ok((entry, content)),
             None => Err(RegistryError::broken(format!(
                 "blob {} missing from the content store",
@@ -157,24 +160,36 @@ impl Registry {
     }
 
     /// Where a file of a revision is: its revision-cache tree (files up to 1 MiB read whole,
-    /// answered in one write; larger ones streamed), else its blob; `None` if neither exists.
+    /// answered in one write; larger ones streamed). A tree this server does not have yet is
+    /// built from the content store first, every object verified; failing that, the file's own
+    /// blob, verified; `None` when it is missing from the store or fails verification (never
+    /// wrong bytes).
     pub(crate) async fn file_content(
         &self,
         digest: &Digest,
+        manifest: &Arc<Manifest>,
         entry: &FileEntry,
     ) -> Result<Option<FileContent>> {
-        let on_disk = self.cache.tree_path(digest).join(&entry.path);
-        if entry.size <= SMALL_FILE {
-            // A page-cache read of up to 1 MiB costs less than streaming it through the
-            // blocking pool in chunks.
-            if let Ok(bytes) = std::fs::read(&on_disk)
-                && bytes.len() as u64 == entry.size
-            {
-                return Ok(Some(FileContent::Bytes(bytes.into())));
-            }
-        } else if on_disk.is_file() {
-            return Ok(Some(FileContent::Path(on_disk)));
+        let tree = self.cache.tree_path(digest);
+        if let Some(content) = from_tree(&tree, entry) {
+            return Ok(Some(content));
         }
+        if !tree.is_dir() {
+            match self.tree(digest, manifest).await {
+                Ok(_) => {
+                    if let Some(content) = from_tree(&tree, entry) {
+                        return Ok(Some(content));
+                    }
+                }
+                Err(e) if e.is_outage() => return Err(e),
+                // Another of its objects is missing or corrupt: this file's own blob may
+                // still be whole.
+                Err(e) => {
+                    tracing::error!(%digest, error = %e, "cannot build a revision's tree from the store")
+                }
+            }
+        }
+        // No whole tree, or a tree whose file is unreadable: the file's blob, verified.
         Ok(self
             .content
             .get_blob(&entry.sha256)
@@ -220,6 +235,19 @@ impl Registry {
         .await
         .map_err(RegistryError::internal)?
         .map_err(|e| RegistryError::context("building the archive", e))
+    }
+}
+
+/// A file from a revision-cache tree, if the tree has it whole.
+fn from_tree(tree: &std::path::Path, entry: &FileEntry) -> Option<FileContent> {
+    let on_disk = tree.join(&entry.path);
+    if entry.size <= SMALL_FILE {
+        // A page-cache read of up to 1 MiB costs less than streaming it through the blocking
+        // pool in chunks.
+        let bytes = std::fs::read(&on_disk).ok()?;
+        (bytes.len() as u64 == entry.size).then(|| FileContent::Bytes(bytes.into()))
+    } else {
+        on_disk.is_file().then_some(FileContent::Path(on_disk))
     }
 }
 

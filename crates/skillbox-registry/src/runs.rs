@@ -228,13 +228,16 @@ impl Registry {
             self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
             self.pin_cache.forget(&key);
         }
-        match self.file_content(&pin.digest, &entry).await? {
+        match self
+            .file_content(&pin.digest, &pin.manifest, &entry)
+            .await?
+        {
             Some(content) => Ok((entry, content)),
             None => Err(RegistryError::PinnedRevisionUnavailable {
                 skill: skill.to_string(),
                 skill_id: pin.skill_id.clone(),
                 revision: pin.revision,
-                reason: "its content is missing from the store".into(),
+                reason: "its content is missing from the store or fails verification".into(),
             }),
         }
     }
@@ -288,10 +291,15 @@ impl Registry {
             None => return Err(unavailable("the revision no longer exists")),
         }
         let d: Digest = digest.parse().map_err(RegistryError::internal)?;
-        let manifest = self
-            .manifest(&d)
-            .await
-            .map_err(|_| unavailable("its manifest is missing from the content store"))?;
+        let manifest = match self.manifest(&d).await {
+            Ok(m) => m,
+            Err(e) if e.is_outage() => return Err(e),
+            Err(_) => {
+                return Err(unavailable(
+                    "its manifest is missing from the content store or fails verification",
+                ));
+            }
+        };
         let pin = Arc::new(CachedPin {
             skill_id,
             revision,
@@ -431,37 +439,53 @@ pub(crate) struct CachedPin {
     manifest: Arc<skillbox_package::Manifest>,
 }
 
-/// Resolved pins, valid while the *generation* is unchanged. The generation is the length of
-/// a file in the data directory that every change able to end a pinned read (finish, expiry,
-/// revocation, collection) appends a byte to after committing — shared by every process on
-/// the data directory, read with one `stat` per request. Entries are tagged with the
-/// generation read *before* their database query, so a change racing a fill invalidates it.
-/// With PostgreSQL (servers on several machines) the cache is off: every read asks the
-/// database.
+/// Resolved pins, valid while the *generation* is unchanged. Every change able to end a pinned
+/// read (finish, expiry, revocation, collection) moves the generation after committing, for
+/// every process and server that could have cached the pin:
+///
+/// - SQLite: the generation is the length of a file in the data directory, which the change
+///   appends a byte to — shared by every process on it, read with one `stat` per request.
+/// - PostgreSQL: a counter that every server bumps when the database notifies it of such a
+///   change (see `notify.rs`); while a server is not listening, its cache is off.
+///
+/// Entries are tagged with the generation read *before* their database query, so a change
+/// racing a fill invalidates it.
 pub(crate) struct PinCache {
-    path: std::path::PathBuf,
-    enabled: bool,
+    generation: Generation,
     entries: std::sync::Mutex<std::collections::HashMap<PinKey, (u64, Arc<CachedPin>)>>,
 }
 
+pub(crate) enum Generation {
+    File(std::path::PathBuf),
+    Notified(Arc<crate::notify::NotifiedGeneration>),
+}
+
 impl PinCache {
-    pub(crate) fn new(path: std::path::PathBuf, enabled: bool) -> Self {
+    pub(crate) fn new(generation: Generation) -> Self {
         PinCache {
-            path,
-            enabled,
+            generation,
             entries: Default::default(),
         }
     }
 
-    pub(crate) fn generation(&self) -> u64 {
-        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    /// The generation now, `None` while the cache must not be used.
+    pub(crate) fn generation(&self) -> Option<u64> {
+        match &self.generation {
+            Generation::File(path) => Some(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)),
+            Generation::Notified(n) => n.current(),
+        }
+    }
+
+    /// Whether changes of other servers are pushed to this one now (see `notify.rs`).
+    pub(crate) fn hears_other_servers(&self) -> bool {
+        match &self.generation {
+            Generation::File(_) => false,
+            Generation::Notified(n) => n.current().is_some(),
+        }
     }
 
     fn get(&self, key: &PinKey) -> Option<Arc<CachedPin>> {
-        if !self.enabled {
-            return None;
-        }
-        let g = self.generation();
+        let g = self.generation()?;
         let entries = self.entries.lock().ok()?;
         entries
             .get(key)
@@ -469,15 +493,15 @@ impl PinCache {
             .map(|(_, p)| p.clone())
     }
 
-    fn put(&self, key: PinKey, generation: u64, pin: Arc<CachedPin>) {
-        if !self.enabled || self.generation() != generation {
+    fn put(&self, key: PinKey, generation: Option<u64>, pin: Arc<CachedPin>) {
+        if generation.is_none() || self.generation() != generation {
             return;
         }
-        if let Ok(mut e) = self.entries.lock() {
+        if let (Ok(mut e), Some(g)) = (self.entries.lock(), generation) {
             if e.len() >= 100_000 {
                 e.clear();
             }
-            e.insert(key, (generation, pin));
+            e.insert(key, (g, pin));
         }
     }
 
@@ -487,18 +511,23 @@ impl PinCache {
         }
     }
 
-    /// Invalidates every cached pin in every process sharing the data directory.
+    /// Invalidates every cached pin here at once; other processes (SQLite: the shared file) or
+    /// servers (PostgreSQL: the commit's notification) follow.
     pub(crate) fn bump(&self) {
         use std::io::Write;
+        let path = match &self.generation {
+            Generation::Notified(n) => return n.bump(),
+            Generation::File(path) => path,
+        };
         let appended = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.path)
+            .open(path)
             .and_then(|mut f| f.write_all(b"."));
         if let Err(e) = appended {
-            // Without the bump other processes could serve stale pins: turn caching off here
+            // Without the bump other processes could serve stale pins: drop everything here
             // and say so loudly.
-            tracing::error!(error = %e, path = %self.path.display(), "cannot bump the pin-cache generation");
+            tracing::error!(error = %e, path = %path.display(), "cannot bump the pin-cache generation");
             if let Ok(mut e) = self.entries.lock() {
                 e.clear();
             }

@@ -1,10 +1,13 @@
 //! The registry in process (no server, no HTTP): compare-and-swap publication, replayed
-//! retries, activation conflicts and pins, revocation, and garbage-collection roots. Each
-//! scenario runs on the embedded SQLite and on a real PostgreSQL (`metadata_test!`): the one
-//! SQL text must hold on both.
+//! retries, activation conflicts and pins, revocation, garbage-collection roots, verification
+//! of stored objects. Each scenario runs on every storage configuration (`storage_test!`):
+//! embedded (SQLite + local store), PostgreSQL + local store, and the scale-out one,
+//! PostgreSQL + S3 — the one SQL text and the one content code must hold on all.
 //!
 //! PostgreSQL: `SKILLBOX_TEST_POSTGRES` names a server where the tests may create databases
-//! (`scripts/test` starts one); each test gets a fresh database.
+//! (`scripts/test` starts one); each test gets a fresh database. S3: `SKILLBOX_TEST_S3_BUCKET`
+//! names a bucket on the server the `AWS_*` variables point at (`scripts/test` starts
+//! SeaweedFS); each test gets a fresh prefix.
 
 use skillbox_registry::{Registry, RegistryConfig, RegistryError};
 use std::sync::Arc;
@@ -12,28 +15,53 @@ use std::time::Duration;
 
 const WS: &str = "acme";
 
-/// Where a test's metadata lives.
-#[derive(Clone, Copy)]
-enum Metadata {
-    Sqlite,
+/// Where a test's metadata and content live.
+#[derive(Clone, Copy, PartialEq)]
+enum Storage {
+    /// SQLite + the local store in the data directory.
+    Embedded,
+    /// PostgreSQL + the local store.
     Postgres,
+    /// PostgreSQL + S3.
+    PostgresS3,
 }
 
-/// Defines a test per metadata store for the scenario `async fn $name(metadata: Metadata)`.
-macro_rules! metadata_test {
+/// Defines a test per storage configuration for the scenario `async fn $name(storage: Storage)`.
+macro_rules! storage_test {
     ($name:ident) => {
         mod $name {
             #[tokio::test]
             async fn sqlite() {
-                super::$name(super::Metadata::Sqlite).await
+                super::$name(super::Storage::Embedded).await
             }
 
             #[tokio::test]
             async fn postgres() {
-                super::$name(super::Metadata::Postgres).await
+                super::$name(super::Storage::Postgres).await
+            }
+
+            #[tokio::test]
+            async fn postgres_s3() {
+                super::$name(super::Storage::PostgresS3).await
             }
         }
     };
+}
+
+/// A fresh place in the test bucket.
+fn fresh_s3_store() -> String {
+    let bucket = std::env::var("SKILLBOX_TEST_S3_BUCKET").expect(
+        "SKILLBOX_TEST_S3_BUCKET must name a bucket on the S3 server that AWS_ENDPOINT_URL \
+         points at; scripts/test starts one",
+    );
+    format!(
+        "s3://{bucket}/registry-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
 }
 
 /// A fresh database on the test PostgreSQL server.
@@ -61,14 +89,70 @@ async fn fresh_postgres_database() -> String {
     format!("{base}/{name}")
 }
 
-async fn open(metadata: Metadata) -> (Arc<Registry>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cfg = RegistryConfig::new(dir.path());
-    if let Metadata::Postgres = metadata {
+async fn config(storage: Storage, dir: &std::path::Path) -> RegistryConfig {
+    let mut cfg = RegistryConfig::new(dir);
+    if storage != Storage::Embedded {
         cfg.database_url = Some(fresh_postgres_database().await);
     }
-    let registry = Registry::open(cfg).await.unwrap();
+    if storage == Storage::PostgresS3 {
+        cfg.store = Some(fresh_s3_store());
+    }
+    cfg
+}
+
+async fn open(storage: Storage) -> (Arc<Registry>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Registry::open(config(storage, dir.path()).await)
+        .await
+        .unwrap();
     (registry, dir)
+}
+
+/// A second server on the same database and store: on PostgreSQL with its own data directory
+/// (servers share only the database and the store), embedded on the same data directory (as
+/// processes on one SQLite database do).
+async fn open_beside(first: &Registry) -> (Arc<Registry>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = first.config().clone();
+    if cfg.database_url.is_some() {
+        cfg.data_dir = dir.path().to_path_buf();
+        if cfg.store.is_none() {
+            cfg.store = Some(format!("file://{}", first.data_dir().store().display()));
+        }
+    }
+    (Registry::open(cfg).await.unwrap(), dir)
+}
+
+/// The bytes of a file of a run's pinned revision.
+async fn pinned_bytes(
+    r: &Registry,
+    run: &str,
+    skill: &str,
+    path: &str,
+) -> Result<Vec<u8>, RegistryError> {
+    let (_, content) = r.pinned_file(WS, run, skill, path).await?;
+    Ok(match content {
+        skillbox_registry::FileContent::Bytes(b) => b.to_vec(),
+        skillbox_registry::FileContent::Path(p) => std::fs::read(p).unwrap(),
+    })
+}
+
+/// Polls `check` until it holds, for at most `within`; whether it did.
+async fn holds_within<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A tar of a valid package of `name` whose SKILL.md body says `version`.
@@ -96,8 +180,8 @@ async fn publish(
         .await
 }
 
-async fn publication_is_compare_and_swap_and_a_retry_replays(metadata: Metadata) {
-    let (r, _dir) = open(metadata).await;
+async fn publication_is_compare_and_swap_and_a_retry_replays(storage: Storage) {
+    let (r, _dir) = open(storage).await;
     let v1 = publish(&r, "demo", 0, "v1").await.unwrap();
     assert_eq!((v1.revision, v1.replayed), (1, false));
     // Two writers from the same base: one wins, the other gets the current revision.
@@ -123,12 +207,10 @@ async fn publication_is_compare_and_swap_and_a_retry_replays(metadata: Metadata)
     assert_eq!((same.revision, same.replayed), (2, true));
     assert_eq!(r.revisions(WS, "demo").await.unwrap().len(), 2);
 }
-metadata_test!(publication_is_compare_and_swap_and_a_retry_replays);
+storage_test!(publication_is_compare_and_swap_and_a_retry_replays);
 
-async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision(
-    metadata: Metadata,
-) {
-    let (r, _dir) = open(metadata).await;
+async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision(storage: Storage) {
+    let (r, _dir) = open(storage).await;
     publish(&r, "demo", 0, "v1").await.unwrap();
     let run = r.create_run(WS, None, None, false).await.unwrap();
     let a = r.activate(WS, &run.run_id, "demo", None).await.unwrap();
@@ -183,10 +265,10 @@ async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision(
         Err(RegistryError::NotFound(_))
     ));
 }
-metadata_test!(a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision);
+storage_test!(a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision);
 
-async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest(metadata: Metadata) {
-    let (r, _dir) = open(metadata).await;
+async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest(storage: Storage) {
+    let (r, _dir) = open(storage).await;
     for (base, v) in [(0, "v1"), (1, "v2"), (2, "v3"), (3, "v4")] {
         publish(&r, "demo", base, v).await.unwrap();
     }
@@ -225,4 +307,208 @@ async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest(me
     assert_eq!(taken(&report), [2]);
     assert!(r.fsck().await.unwrap().ok);
 }
-metadata_test!(collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest);
+storage_test!(collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest);
+
+async fn the_store_creates_each_object_once(storage: Storage) {
+    use object_store::{ObjectStoreExt, PutMode, PutOptions, path::Path};
+    let (r, _dir) = open(storage).await;
+    let store = r.content().object_store().clone();
+    let create = || PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    // Writers racing to create one key with different bytes: exactly one wins, and what is
+    // stored is the winner's (the S3 server honours `If-None-Match: *`, checked, not assumed).
+    let key = Path::from("probe/create-if-absent");
+    let attempts = (0..16u8).map(|i| {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .put_opts(&key, vec![i; 64].into(), create())
+                .await
+                .map(|_| i)
+        }
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    let winners: Vec<u8> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().copied())
+        .collect();
+    assert_eq!(winners.len(), 1, "{results:?}");
+    for lost in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(lost, object_store::Error::AlreadyExists { .. }),
+            "a losing create is AlreadyExists: {lost:?}"
+        );
+    }
+    let stored = store.get(&key).await.unwrap().bytes().await.unwrap();
+    assert_eq!(stored.to_vec(), vec![winners[0]; 64]);
+}
+storage_test!(the_store_creates_each_object_once);
+
+async fn a_corrupt_object_is_treated_as_missing_and_never_served(storage: Storage) {
+    use object_store::ObjectStoreExt;
+    let (r, _dir) = open(storage).await;
+    publish(&r, "demo", 0, "v1").await.unwrap();
+    let run = r.create_run(WS, None, None, false).await.unwrap();
+    r.activate(WS, &run.run_id, "demo", None).await.unwrap();
+    let good = pinned_bytes(&r, &run.run_id, "demo", "SKILL.md")
+        .await
+        .unwrap();
+    let view = r
+        .revision(WS, "demo", skillbox_registry::RevSel::Current)
+        .await
+        .unwrap();
+    let sha = view.manifest.get("SKILL.md").unwrap().sha256;
+    let key = skillbox_registry::content::blob_key(&sha);
+    // The stored blob is replaced by other bytes, and this server's cache is lost (a data
+    // directory deleted while stopped).
+    let store = r.content().object_store().clone();
+    store
+        .put(&key, b"not the published bytes".to_vec().into())
+        .await
+        .unwrap();
+    r.cache().remove(&view.digest).unwrap();
+    let refused = |result: Result<Vec<u8>, RegistryError>| match result {
+        Err(RegistryError::PinnedRevisionUnavailable { revision: 1, .. }) => {}
+        other => panic!("not pinned_revision_unavailable: {other:?}"),
+    };
+    refused(pinned_bytes(&r, &run.run_id, "demo", "SKILL.md").await);
+    // A server that never had it cached refuses too.
+    let (b, _b_dir) = open_beside(&r).await;
+    refused(pinned_bytes(&b, &run.run_id, "demo", "SKILL.md").await);
+    let report = r.fsck().await.unwrap();
+    assert!(!report.ok);
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.object == format!("blob {sha}") && p.message.contains("does not match")),
+        "{report:?}"
+    );
+    // With the right bytes back, the revision reads again: nothing wrong was cached.
+    store.put(&key, good.clone().into()).await.unwrap();
+    assert_eq!(
+        pinned_bytes(&b, &run.run_id, "demo", "SKILL.md")
+            .await
+            .unwrap(),
+        good
+    );
+    assert!(r.fsck().await.unwrap().ok);
+}
+storage_test!(a_corrupt_object_is_treated_as_missing_and_never_served);
+
+async fn a_change_through_one_server_reaches_every_server_within_a_second(storage: Storage) {
+    let (a, _a_dir) = open(storage).await;
+    let (b, _b_dir) = open_beside(&a).await;
+    if storage != Storage::Embedded {
+        // B's pin cache is on once B listens for the database's notifications.
+        assert!(
+            holds_within(Duration::from_secs(2), || async { b.hears_other_servers() }).await,
+            "B does not listen"
+        );
+    }
+    // Published through A, read byte-exact through B (whose cache never saw it).
+    publish(&a, "demo", 0, "v1").await.unwrap();
+    let run = a.create_run(WS, None, None, false).await.unwrap();
+    a.activate(WS, &run.run_id, "demo", None).await.unwrap();
+    let through_a = pinned_bytes(&a, &run.run_id, "demo", "SKILL.md")
+        .await
+        .unwrap();
+    assert_eq!(
+        pinned_bytes(&b, &run.run_id, "demo", "SKILL.md")
+            .await
+            .unwrap(),
+        through_a
+    );
+    // B serves it again (from its pin cache where it has one); a revocation through A stops
+    // B's reads within a second.
+    pinned_bytes(&b, &run.run_id, "demo", "SKILL.md")
+        .await
+        .unwrap();
+    let mut b_revocations = b.subscribe_revocations();
+    let revoked = a.revoke(WS, "demo", 1, "bad").await.unwrap();
+    if storage != Storage::Embedded {
+        // B's box hears of it too (to kill the executions that mount it there).
+        let heard = tokio::time::timeout(Duration::from_secs(1), b_revocations.recv())
+            .await
+            .expect("B heard of the revocation within a second")
+            .unwrap();
+        assert_eq!(heard, (revoked.skill_id.clone(), 1));
+    }
+    let stopped = holds_within(Duration::from_secs(1), || async {
+        matches!(
+            b.pinned_file(WS, &run.run_id, "demo", "SKILL.md").await,
+            Err(RegistryError::RevisionRevoked(_))
+        )
+    })
+    .await;
+    assert!(stopped, "B still serves a revision revoked through A");
+    // A finish through A stops B's reads of another run within a second.
+    // (Revoking the current revision moved the pointer off it.)
+    let current = a.skill(WS, "demo").await.unwrap().current_revision;
+    let v2 = publish(&a, "demo", current, "v2").await.unwrap();
+    let other = a.create_run(WS, None, None, false).await.unwrap();
+    b.activate(WS, &other.run_id, "demo", None).await.unwrap();
+    pinned_bytes(&b, &other.run_id, "demo", "SKILL.md")
+        .await
+        .unwrap();
+    pinned_bytes(&b, &other.run_id, "demo", "SKILL.md")
+        .await
+        .unwrap();
+    a.finish_run(WS, &other.run_id).await.unwrap();
+    let stopped = holds_within(Duration::from_secs(1), || async {
+        b.pinned_file(WS, &other.run_id, "demo", "SKILL.md")
+            .await
+            .is_err()
+    })
+    .await;
+    assert!(stopped, "B still serves a run finished through A");
+    // On PostgreSQL the database tells B of A's events (SQLite followers poll).
+    if storage != Storage::Embedded {
+        let mut changes = b.subscribe();
+        changes.borrow_and_update();
+        publish(&a, "demo", v2.revision, "v3").await.unwrap();
+        tokio::time::timeout(Duration::from_secs(1), changes.changed())
+            .await
+            .expect("B heard of A's publish within a second")
+            .unwrap();
+    }
+}
+storage_test!(a_change_through_one_server_reaches_every_server_within_a_second);
+
+async fn one_collection_at_a_time_and_each_lapsed_lease_expired_once(storage: Storage) {
+    let (a, _a_dir) = open(storage).await;
+    let (b, _b_dir) = open_beside(&a).await;
+    for (base, v) in [(0, "v1"), (1, "v2"), (2, "v3"), (3, "v4")] {
+        publish(&a, "demo", base, v).await.unwrap();
+    }
+    let mut runs = Vec::new();
+    for _ in 0..6 {
+        let run = a.create_run(WS, None, Some(1), false).await.unwrap();
+        a.activate(WS, &run.run_id, "demo", None).await.unwrap();
+        runs.push(run.run_id);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Both servers sweep leases and collect at once: every lapsed run is expired by exactly
+    // one of them, every old revision collected by exactly one.
+    let (ga, gb) = tokio::join!(a.gc(false, Duration::ZERO), b.gc(false, Duration::ZERO));
+    let (ga, gb) = (ga.unwrap(), gb.unwrap());
+    assert_eq!(ga.runs_expired + gb.runs_expired, 6, "{ga:?} {gb:?}");
+    let mut collected: Vec<i64> = ga
+        .revisions
+        .iter()
+        .chain(&gb.revisions)
+        .map(|c| c.revision)
+        .collect();
+    collected.sort();
+    assert_eq!(collected, [1, 2, 3], "{ga:?} {gb:?}");
+    assert!(a.fsck().await.unwrap().ok);
+    for run in &runs {
+        assert_eq!(
+            a.run(WS, run).await.unwrap().state,
+            skillbox_registry::RunState::Expired
+        );
+    }
+}
+storage_test!(one_collection_at_a_time_and_each_lapsed_lease_expired_once);

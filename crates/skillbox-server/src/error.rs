@@ -50,6 +50,15 @@ impl ApiError {
 impl From<RegistryError> for ApiError {
     fn from(e: RegistryError) -> Self {
         let code = e.code();
+        if code == ErrorCode::Unavailable {
+            tracing::warn!(error = %e, "storage outage");
+            return ApiError::new(
+                code,
+                format!(
+                    "{e} (an outage of the server's storage: nothing was changed; retry later)"
+                ),
+            );
+        }
         if code == ErrorCode::Internal {
             // The whole chain: the registry keeps each failure's source.
             let mut chain = e.to_string();

@@ -1,4 +1,5 @@
-//! `skillbox doctor`: probes every sandbox backend and says what works and why not.
+//! `skillbox doctor`: probes every sandbox backend and the configured storage (database and
+//! content store) and says what works and why not. Exits 1 when the storage does not answer.
 
 use serde_json::json;
 use std::process::ExitCode;
@@ -18,6 +19,88 @@ pub struct DoctorArgs {
     pub data_dir: std::path::PathBuf,
     #[command(flatten)]
     pub sandbox: crate::serve::SandboxArgs,
+    /// The metadata database `serve` would use (sqlite://… or postgres://…); default:
+    /// <data-dir>/skillbox.db.
+    #[arg(long, env = "SKILLBOX_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// The content store `serve` would use: file:///ABS/PATH or s3://BUCKET[/PREFIX] (S3
+    /// settings from the AWS_* variables); default: <data-dir>/store.
+    #[arg(long, env = "SKILLBOX_STORE")]
+    pub store: Option<String>,
+}
+
+/// One storage check: what was checked, whether it answers, what it said.
+struct StorageCheck {
+    what: &'static str,
+    target: String,
+    ok: bool,
+    detail: String,
+}
+
+/// The database and the content store `serve` would use, each asked once (at most 10 s).
+fn check_storage(a: &DoctorArgs) -> anyhow::Result<Vec<StorageCheck>> {
+    use skillbox_registry::content::{ContentStore, StoreUrl};
+    let layout = skillbox_registry::DataDir::new(&a.data_dir);
+    let database = a
+        .database_url
+        .clone()
+        .unwrap_or_else(|| layout.sqlite_url());
+    let store = a.store.clone().unwrap_or_else(|| {
+        let store = layout.store();
+        format!(
+            "file://{}",
+            std::path::absolute(&store).unwrap_or(store).display()
+        )
+    });
+    let embedded_db = a.database_url.is_none() && !layout.root().join("skillbox.db").exists();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let within = std::time::Duration::from_secs(10);
+    let db_answer: Result<String, String> = if embedded_db {
+        Ok("embedded SQLite, created by the first `serve`".into())
+    } else {
+        rt.block_on(async {
+            match tokio::time::timeout(within, skillbox_registry::MetaStore::probe(&database)).await
+            {
+                Ok(Ok(version)) => Ok(version),
+                Ok(Err(e)) => Err(format!("{e}")),
+                Err(_) => Err(format!("no answer within {}s", within.as_secs())),
+            }
+        })
+    };
+    let store_answer: Result<String, String> = match StoreUrl::parse(&store) {
+        Err(e) => Err(e.to_string()),
+        Ok(StoreUrl::Local(path)) if !path.exists() => Ok(format!(
+            "{} does not exist yet: the first `serve` creates it",
+            path.display()
+        )),
+        Ok(url) => rt.block_on(async {
+            let store = ContentStore::open(&url).map_err(|e| e.to_string())?;
+            match tokio::time::timeout(within, store.ping()).await {
+                Ok(Ok(())) => Ok("answers".to_string()),
+                Ok(Err(e)) => Err(format!(
+                    "{e} (is it running, does the bucket exist, are the AWS_* credentials right?)"
+                )),
+                Err(_) => Err(format!("no answer within {}s", within.as_secs())),
+            }
+        }),
+    };
+    let redacted_db = skillbox_registry::meta::redacted_url(&database);
+    Ok(vec![
+        StorageCheck {
+            what: "database",
+            target: redacted_db,
+            ok: db_answer.is_ok(),
+            detail: db_answer.unwrap_or_else(|e| e),
+        },
+        StorageCheck {
+            what: "store",
+            target: store,
+            ok: store_answer.is_ok(),
+            detail: store_answer.unwrap_or_else(|e| e),
+        },
+    ])
 }
 
 /// bubblewrap: the same probe `serve` runs before it uses the backend, on the same data
@@ -97,6 +180,8 @@ trees have no submounts, so plain read-only binds hold)"
 
 pub fn run(a: DoctorArgs, json_out: bool) -> anyhow::Result<ExitCode> {
     let probes = [probe_bwrap(&a), probe_docker()];
+    let storage = check_storage(&a)?;
+    let storage_ok = storage.iter().all(|c| c.ok);
     if json_out {
         let v: Vec<_> = probes
             .iter()
@@ -104,7 +189,14 @@ pub fn run(a: DoctorArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             .chain(std::iter::once(json!({"backend": "none", "built": true, "works_here": true, "usable": true,
                 "detail": "no sandbox: activation and reads work, exec answers box_unavailable"})))
             .collect();
-        println!("{}", json!({"backends": v}));
+        let storage: Vec<_> = storage
+            .iter()
+            .map(|c| json!({"check": c.what, "target": c.target, "ok": c.ok, "detail": c.detail}))
+            .collect();
+        println!(
+            "{}",
+            json!({"backends": v, "storage": storage, "ok": storage_ok})
+        );
     } else {
         for p in &probes {
             let state = match (p.built, p.works_here) {
@@ -118,6 +210,14 @@ pub fn run(a: DoctorArgs, json_out: bool) -> anyhow::Result<ExitCode> {
         println!(
             "none    usable\n        no sandbox: activation and reads work, exec answers box_unavailable"
         );
+        for c in &storage {
+            let state = if c.ok { "ok" } else { "NOT reachable" };
+            println!("{:<8} {state}: {}\n        {}", c.what, c.target, c.detail);
+        }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if storage_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

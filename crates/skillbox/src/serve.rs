@@ -52,8 +52,10 @@ pub struct ServeArgs {
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
-    /// Content store URL: file:///ABS/PATH (default: <data-dir>/store). Servers sharing a
-    /// PostgreSQL database share the store too; each keeps its own --data-dir.
+    /// Content store URL: file:///ABS/PATH (default: <data-dir>/store) or s3://BUCKET[/PREFIX]
+    /// (endpoint, region and credentials from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY; AWS_ALLOW_HTTP=true for a plain-HTTP endpoint). Servers sharing a
+    /// PostgreSQL database share the store too; each keeps its own --data-dir, a cache.
     #[arg(long, env = "SKILLBOX_STORE")]
     pub store: Option<String>,
     /// Most client connections open at once (more wait in the listen backlog).

@@ -66,7 +66,26 @@ pub struct MetaStore {
     /// (which makes tail latencies of hundreds of milliseconds). PostgreSQL: the same pool.
     writer: AnyPool,
     dialect: Dialect,
+    /// What the store was connected with (a PostgreSQL listener opens its own connection).
+    url: std::sync::Arc<str>,
+    /// One collection at a time in this process (see [`MetaStore::gc_lock`]).
+    gc_running: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
+
+/// Held while a collection runs: no other collection, in this process or (PostgreSQL) on any
+/// server, runs meanwhile.
+pub struct GcLock {
+    _in_process: tokio::sync::OwnedMutexGuard<()>,
+    /// The transaction holding the advisory lock; ending it (commit, drop, or the connection
+    /// dying with its process) releases the lock.
+    _across_servers: Option<Tx>,
+}
+
+/// The advisory-lock key of schema migration ("skbx-mig").
+const MIGRATION_ADVISORY_LOCK: i64 = 0x736b_6278_2d6d_6967;
+
+/// The advisory-lock key of garbage collection (any constant shared by all servers; "skbx-gc").
+const GC_ADVISORY_LOCK: i64 = 0x0073_6b62_782d_6763;
 
 /// The schema, statement by statement (see `schema.sql`), without its comments.
 fn schema() -> Vec<String> {
@@ -80,6 +99,20 @@ fn schema() -> Vec<String> {
         .filter(|stmt| !stmt.is_empty())
         .map(str::to_string)
         .collect()
+}
+
+/// A database URL with its password, if any, replaced by `***`.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_string(),
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -143,7 +176,8 @@ pub fn new_id() -> String {
 }
 
 /// Checks, inside a write transaction, that content written before it is still present.
-pub type PresenceCheck<'a> = &'a (dyn Fn() -> bool + Send + Sync);
+pub type PresenceCheck<'a> =
+    &'a (dyn Fn() -> futures_util::future::BoxFuture<'static, Result<bool>> + Send + Sync);
 
 impl MetaStore {
     /// Connects (`sqlite://…` or `postgres://…`) and applies the schema.
@@ -156,7 +190,7 @@ impl MetaStore {
         };
         let opts = AnyPoolOptions::new()
             .max_connections(if dialect == Dialect::Sqlite { 8 } else { 16 })
-            .acquire_timeout(Duration::from_secs(30))
+            .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if dialect == Dialect::Sqlite {
@@ -177,6 +211,8 @@ impl MetaStore {
             pool,
             writer,
             dialect,
+            url: url.into(),
+            gc_running: Default::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -184,6 +220,11 @@ impl MetaStore {
 
     pub fn dialect(&self) -> Dialect {
         self.dialect
+    }
+
+    /// The URL the store was connected with.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     pub fn pool(&self) -> &AnyPool {
@@ -197,12 +238,63 @@ impl MetaStore {
 
     async fn migrate(&self) -> Result<()> {
         let mut tx = self.write_tx().await?;
+        if self.dialect == Dialect::Postgres {
+            // Servers starting together would race each other's CREATE … IF NOT EXISTS.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(MIGRATION_ADVISORY_LOCK)
+                .execute(&mut *tx)
+                .await?;
+        }
         for stmt in schema() {
             // The schema is a constant of this crate, not input.
             sqlx::query(AssertSqlSafe(stmt)).execute(&mut *tx).await?;
         }
+        if self.dialect == Dialect::Postgres {
+            // Function bodies hold semicolons: the file goes as one multi-statement query.
+            sqlx::raw_sql(AssertSqlSafe(include_str!("schema_postgres.sql")))
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Waits until no other collection runs, here or on another server, and holds that until
+    /// the lock is dropped.
+    pub async fn gc_lock(&self) -> Result<GcLock> {
+        let in_process = self.gc_running.clone().lock_owned().await;
+        let across_servers = match self.dialect {
+            Dialect::Sqlite => None,
+            Dialect::Postgres => {
+                let mut tx = self.pool.begin().await?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(GC_ADVISORY_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+                Some(tx)
+            }
+        };
+        Ok(GcLock {
+            _in_process: in_process,
+            _across_servers: across_servers,
+        })
+    }
+
+    /// Connects to `url` once, without migrating, and asks for the server's version: what
+    /// `doctor` reports.
+    pub async fn probe(url: &str) -> Result<String> {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let mut conn = sqlx::AnyConnection::connect(url).await?;
+        let version_query = if url.starts_with("postgres") {
+            "SELECT version()"
+        } else {
+            "SELECT 'SQLite ' || sqlite_version()"
+        };
+        let row = sqlx::query(version_query).fetch_one(&mut conn).await?;
+        let version: String = row.try_get(0)?;
+        conn.close().await?;
+        Ok(version)
     }
 
     /// A round trip to the database.
@@ -226,11 +318,17 @@ impl MetaStore {
                 "LOCK TABLE revisions, draft_files IN ROW EXCLUSIVE MODE"
             );
         }
-        if present() {
-            return Ok(Some(tx));
+        match present().await {
+            Ok(true) => Ok(Some(tx)),
+            Ok(false) => {
+                tx.rollback().await?;
+                Ok(None)
+            }
+            Err(e) => {
+                tx.rollback().await?;
+                Err(e)
+            }
         }
-        tx.rollback().await?;
-        Ok(None)
     }
 
     /// A write transaction (`BEGIN IMMEDIATE` on SQLite).

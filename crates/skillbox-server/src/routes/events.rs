@@ -11,9 +11,11 @@ use skillbox_api::{Event, EventsQuery};
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// How long a follower waits for a change signal before asking the store again: writers in
-/// other processes do not signal this one.
+/// How long a follower waits for a change signal before asking the store again. On SQLite,
+/// writers in other processes do not signal this one; on PostgreSQL every server is told of
+/// every event (LISTEN/NOTIFY), so the poll is only a safety net.
 const POLL: Duration = Duration::from_millis(500);
+const POLL_WHEN_TOLD: Duration = Duration::from_secs(5);
 
 /// The event log as SSE, resuming after `?after=SEQ` (or `Last-Event-ID`).
 pub async fn stream(
@@ -63,7 +65,12 @@ pub async fn stream(
                 Ok(batch) if !batch.is_empty() => st.pending.extend(batch),
                 Ok(_) if !st.follow => return None,
                 Ok(_) => {
-                    let _ = tokio::time::timeout(POLL, st.changes.changed()).await;
+                    let poll = if st.s.registry.hears_other_servers() {
+                        POLL_WHEN_TOLD
+                    } else {
+                        POLL
+                    };
+                    let _ = tokio::time::timeout(poll, st.changes.changed()).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "event stream query failed");

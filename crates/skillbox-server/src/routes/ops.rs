@@ -2,16 +2,36 @@
 
 use crate::SharedState;
 use crate::auth::Caller;
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use axum::Json;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use skillbox_api::{Health, WhoAmI};
+use skillbox_api::{ErrorCode, Health, WhoAmI};
 use skillbox_registry::Principal;
 
+/// `ok` when the metadata database and the content store both answer within a few seconds,
+/// else 503 `unavailable` naming which does not.
 pub async fn healthz(State(s): State<SharedState>) -> ApiResult<Json<Health>> {
-    s.registry.ping().await?;
+    const WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+    let (db, store) = tokio::join!(
+        tokio::time::timeout(WITHIN, s.registry.ping()),
+        tokio::time::timeout(WITHIN, s.registry.ping_store()),
+    );
+    let mut down = Vec::new();
+    for (what, answer) in [("the metadata database", db), ("the content store", store)] {
+        match answer {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => down.push(format!("{what}: {e}")),
+            Err(_) => down.push(format!("{what}: no answer within {}s", WITHIN.as_secs())),
+        }
+    }
+    if !down.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::Unavailable,
+            format!("unavailable: {}", down.join("; ")),
+        ));
+    }
     Ok(Json(Health {
         status: "ok".into(),
     }))

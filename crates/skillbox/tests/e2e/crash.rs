@@ -172,15 +172,7 @@ async fn kill9_during_publishes_loses_nothing() {
     );
     let snapshot = acked.lock().unwrap().clone();
     verify(&c, &s, &snapshot, &mut checked).await;
-    let fsck: Value = c
-        .post(format!("{}/v1/admin/fsck", s.url))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fsck = fsck(&c, &s).await;
     assert_eq!(fsck["ok"], true, "{fsck}");
     eprintln!(
         "{} acknowledged publishes, {kills_mid_request} of {KILLS} kills landed mid-request",

@@ -246,15 +246,7 @@ async fn gc_keeps_roots_and_frees_the_rest() {
             .exists()
     );
 
-    let fsck: Value = c
-        .post(format!("{}/v1/admin/fsck", s.url))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fsck = fsck(&c, &s).await;
     assert_eq!(fsck["ok"], true, "{fsck}");
 }
 
@@ -378,15 +370,7 @@ async fn gc_races_publishes(s: &Server, collector_server: &Server) {
             format!("x-unique-{}", round % 3)
         );
     }
-    let fsck: Value = c
-        .post(format!("{}/v1/admin/fsck", s.url))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fsck = fsck(&c, s).await;
     assert_eq!(fsck["ok"], true, "{fsck}");
 }
 

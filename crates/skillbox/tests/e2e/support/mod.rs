@@ -36,6 +36,16 @@ impl Server {
     }
 
     pub fn start_on(data_dir: &Path, port: u16, extra: &[&str]) -> Server {
+        Self::start_with_env(data_dir, port, extra, &[])
+    }
+
+    /// Like [`Server::start_on`], with these environment variables set for the server.
+    pub fn start_with_env(
+        data_dir: &Path,
+        port: u16,
+        extra: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Server {
         let default_box: &[&str] = if extra.contains(&"--box") {
             &[]
         } else {
@@ -53,6 +63,7 @@ impl Server {
             .args(default_box)
             .env("SKILLBOX_ADMIN_TOKEN", ADMIN)
             .env("SKILLBOX_LOG", "warn")
+            .envs(envs.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -545,16 +556,117 @@ pub fn fresh_postgres_database() -> String {
     format!("{base}/{name}")
 }
 
-/// Two servers as a scale-out deployment runs them: one PostgreSQL database and one content
-/// store shared, each server with its own data directory (under `dir`).
+/// A fresh place in the test bucket (`SKILLBOX_TEST_S3_BUCKET` on the S3 server the `AWS_*`
+/// variables name, which `scripts/test` starts): its `s3://` URL.
+pub fn fresh_s3_store() -> String {
+    let bucket = std::env::var("SKILLBOX_TEST_S3_BUCKET").expect(
+        "SKILLBOX_TEST_S3_BUCKET must name a bucket on the S3 server AWS_ENDPOINT_URL points at; \
+         scripts/test starts one",
+    );
+    format!(
+        "s3://{bucket}/e2e-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// The shared storage of a scale-out deployment: one PostgreSQL database, one S3 store.
+pub struct ScaleOut {
+    pub database: String,
+    pub store: String,
+}
+
+impl ScaleOut {
+    pub fn fresh() -> ScaleOut {
+        ScaleOut {
+            database: fresh_postgres_database(),
+            store: fresh_s3_store(),
+        }
+    }
+
+    /// The `serve` arguments of a server on this storage.
+    pub fn args(&self) -> [&str; 4] {
+        ["--database-url", &self.database, "--store", &self.store]
+    }
+
+    /// A server on this storage with its own data directory `dir`.
+    pub fn server(&self, dir: &Path) -> Server {
+        Server::start(dir, &self.args())
+    }
+}
+
+/// Two servers as a scale-out deployment runs them: one PostgreSQL database and one S3 store
+/// shared, each server with its own data directory (under `dir`).
 pub fn scale_out_pair(dir: &Path) -> (Server, Server) {
-    let database = fresh_postgres_database();
-    let store = format!("file://{}", dir.join("store").display());
-    let start = |name: &str| {
-        Server::start(
-            &dir.join(name),
-            &["--database-url", &database, "--store", &store],
-        )
-    };
-    (start("a"), start("b"))
+    let storage = ScaleOut::fresh();
+    (
+        storage.server(&dir.join("a")),
+        storage.server(&dir.join("b")),
+    )
+}
+
+/// A TCP forwarder to `target` that a test can cut (every connection dropped, new ones closed
+/// at once) and restore: an outage of the service behind it, as its clients see one.
+pub struct TcpProxy {
+    pub port: u16,
+    up: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: std::net::SocketAddr) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(tokio::sync::watch::channel(true).0);
+        let state = up.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !*state.borrow() {
+                    continue; // dropped: closed at once
+                }
+                let mut cut = state.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        TcpProxy { port, up }
+    }
+
+    /// Drops every connection and refuses new ones until [`TcpProxy::restore`].
+    pub fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    pub fn restore(&self) {
+        self.up.send_replace(true);
+    }
+}
+
+/// `host:port` of a URL such as `postgres://user@127.0.0.1:5432/db` or `http://127.0.0.1:8333`.
+pub fn socket_addr_of(url: &str) -> std::net::SocketAddr {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let host_port = rest.split('/').next().unwrap();
+    host_port.parse().unwrap()
+}
+
+/// `POST /v1/admin/fsck` through `s`: the report.
+pub async fn fsck(c: &reqwest::Client, s: &Server) -> Value {
+    c.post(format!("{}/v1/admin/fsck", s.url))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
