@@ -132,8 +132,12 @@ pub fn make_image(image: &Path, bytes: u64, uid: u32) -> Result<(), BoxError> {
 /// the file system's root then belongs to `uid`.
 pub fn mount(image: &Path, dir: &Path, uid: u32) -> Result<(), BoxError> {
     std::fs::create_dir_all(dir)?;
-    if !is_mountpoint(dir) {
-        run(
+    // Concurrent `mount -o loop`s (other sandboxes, other servers on the machine) can race
+    // for the same free loop device; the loser fails and a retry picks another.
+    let mut attempt = 0;
+    while !is_mountpoint(dir) {
+        attempt += 1;
+        let mounted = run(
             "mount",
             &[
                 "-o".as_ref(),
@@ -141,7 +145,15 @@ pub fn mount(image: &Path, dir: &Path, uid: u32) -> Result<(), BoxError> {
                 image.as_os_str(),
                 dir.as_os_str(),
             ],
-        )?;
+        );
+        match mounted {
+            Ok(_) => break,
+            Err(e) if attempt < 4 => {
+                tracing::warn!(error = %e, attempt, "mounting a workspace failed; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(50 * attempt));
+            }
+            Err(e) => return Err(e),
+        }
     }
     let meta = std::fs::metadata(dir)?;
     if meta.uid() != uid {

@@ -26,7 +26,13 @@ pub struct ContentStore {
     store: Arc<dyn ObjectStore>,
     /// Set when `store` is a `LocalFileSystem` rooted here: enables the hard-link fast paths.
     local_root: Option<PathBuf>,
+    /// The last [`ContentStore::usage`] of a remote store and when it was measured: a listing
+    /// of a whole bucket is too dear for every metrics scrape.
+    usage_memo: Arc<std::sync::Mutex<Option<(std::time::Instant, StoreUsage)>>>,
 }
+
+/// How long a remote store's measured usage is reused.
+const REMOTE_USAGE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub fn blob_key(sha: &Sha256) -> Key {
     Key::from(format!("blobs/sha256/{sha}"))
@@ -45,6 +51,7 @@ impl ContentStore {
         Ok(ContentStore {
             store: Arc::new(fs),
             local_root: Some(root.to_path_buf()),
+            usage_memo: Default::default(),
         })
     }
 
@@ -53,6 +60,7 @@ impl ContentStore {
         ContentStore {
             store,
             local_root: None,
+            usage_memo: Default::default(),
         }
     }
 
@@ -295,13 +303,24 @@ impl ContentStore {
     }
 
     /// How many blobs the store holds and their bytes, asked of the store itself (local or
-    /// remote alike).
+    /// remote alike; a remote store's answer is reused for a minute).
     pub async fn usage(&self) -> Result<StoreUsage> {
+        let remembered = self.usage_memo.lock().ok().and_then(|memo| *memo);
+        if let Some((at, usage)) = remembered
+            && !self.is_local()
+            && at.elapsed() < REMOTE_USAGE_TTL
+        {
+            return Ok(usage);
+        }
         let blobs = self.list_blob_meta().await?;
-        Ok(StoreUsage {
+        let usage = StoreUsage {
             blobs: blobs.len() as u64,
             blob_bytes: blobs.iter().map(|(_, size, _)| size).sum(),
-        })
+        };
+        if let Ok(mut memo) = self.usage_memo.lock() {
+            *memo = Some((std::time::Instant::now(), usage));
+        }
+        Ok(usage)
     }
 
     /// Every manifest: digest, last modified.

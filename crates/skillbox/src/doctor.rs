@@ -193,7 +193,7 @@ pub fn run(a: DoctorArgs, json_out: bool) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|c| json!({"check": c.what, "target": c.target, "ok": c.ok, "detail": c.detail}))
             .collect();
-        println!(
+        outln!(
             "{}",
             json!({"backends": v, "storage": storage, "ok": storage_ok})
         );
@@ -205,14 +205,14 @@ pub fn run(a: DoctorArgs, json_out: bool) -> anyhow::Result<ExitCode> {
                 (false, false) => "not built in this version, and the environment is not ready",
                 (true, false) => "NOT usable",
             };
-            println!("{:<7} {state}\n        {}", p.backend, p.detail);
+            outln!("{:<7} {state}\n        {}", p.backend, p.detail);
         }
-        println!(
+        outln!(
             "none    usable\n        no sandbox: activation and reads work, exec answers box_unavailable"
         );
         for c in &storage {
             let state = if c.ok { "ok" } else { "NOT reachable" };
-            println!("{:<8} {state}: {}\n        {}", c.what, c.target, c.detail);
+            outln!("{:<8} {state}: {}\n        {}", c.what, c.target, c.detail);
         }
     }
     Ok(if storage_ok {

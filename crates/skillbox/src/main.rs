@@ -3,6 +3,8 @@
 //! Exit codes: 0 success, 1 the thing checked is invalid or the server refused, 2 usage or
 //! environment errors.
 
+#[macro_use]
+mod output;
 mod client;
 mod doctor;
 mod offline;
@@ -58,10 +60,12 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // The reader of our output went away (`| head`): nothing more to say.
+        Err(e) if output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             let (status, body, text) = describe_error(&e);
             if json_out {
-                println!("{body}");
+                outln!("{body}");
             } else {
                 eprintln!("error: {text}");
             }

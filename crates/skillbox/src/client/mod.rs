@@ -263,9 +263,9 @@ fn split_spec(spec: &str) -> (&str, &str) {
 /// Prints `v` as one JSON line with `--json`, else `human()`.
 fn print<T: Serialize>(json_mode: bool, v: &T, human: impl FnOnce() -> String) {
     if json_mode {
-        println!("{}", serde_json::to_string(v).unwrap_or_default());
+        outln!("{}", serde_json::to_string(v).unwrap_or_default());
     } else {
-        println!("{}", human());
+        outln!("{}", human());
     }
 }
 

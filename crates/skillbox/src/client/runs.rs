@@ -177,7 +177,7 @@ pub(super) async fn run(c: &Client, r: RunCommand, j: bool) -> anyhow::Result<Ex
                 )
                 .await?;
             if j {
-                println!("{}", serde_json::to_string(&v)?);
+                outln!("{}", serde_json::to_string(&v)?);
             } else {
                 // The command's own bytes, each stream to its own, nothing added.
                 std::io::stdout().write_all(v.stdout.as_deref().unwrap_or("").as_bytes())?;

@@ -364,10 +364,10 @@ pub(super) async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Resul
             removed,
             modified,
         };
-        println!("{}", serde_json::to_string(&d)?);
+        outln!("{}", serde_json::to_string(&d)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{na}@r{} → {nb}@r{}: {} added, {} removed, {} modified",
         ma.revision.revision,
         mb.revision.revision,
@@ -376,13 +376,13 @@ pub(super) async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Resul
         modified.len()
     );
     for p in &added {
-        println!("  A {p}");
+        outln!("  A {p}");
     }
     for p in &removed {
-        println!("  D {p}");
+        outln!("  D {p}");
     }
     for p in &modified {
-        println!("  M {p}");
+        outln!("  M {p}");
     }
     for p in modified {
         let file =
@@ -392,13 +392,13 @@ pub(super) async fn diff(c: &Client, a: &str, b: &str, j: bool) -> anyhow::Resul
         match (std::str::from_utf8(&old), std::str::from_utf8(&new)) {
             (Ok(o), Ok(n)) => {
                 let d = similar::TextDiff::from_lines(o, n);
-                print!(
+                out!(
                     "{}",
                     d.unified_diff()
                         .header(&format!("a/{p}"), &format!("b/{p}"))
                 );
             }
-            _ => println!("Binary files a/{p} and b/{p} differ"),
+            _ => outln!("Binary files a/{p} and b/{p} differ"),
         }
     }
     Ok(())

@@ -133,3 +133,19 @@ fn doctor_reports_every_backend() {
         "{human}"
     );
 }
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    // `skillbox … | head -1` where head has already gone: no panic, no error.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_skillbox"))
+        .args(["doctor", "--json"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("error"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

@@ -2,7 +2,8 @@
 //! bubblewrap, the real Docker engine, real archives and real `kill -9`s. One test binary (one
 //! link, one process to start per test under nextest); each module is a concern, and the
 //! scenarios every sandbox backend must pass are written once in [`backends`] and run under
-//! each by `backend_test!`.
+//! each by `backend_test!`; the runs scenarios run on the embedded default and scaled out
+//! (PostgreSQL + S3) by `storage_test!`.
 
 /// Defines a test per sandbox backend for the scenario `async fn $name(backend: Backend)`.
 macro_rules! backend_test {
@@ -19,6 +20,24 @@ macro_rules! backend_test {
                     crate::backends::Owner::new(stringify!($name)),
                 ))
                 .await
+            }
+        }
+    };
+}
+
+/// Defines a test per deployment for the scenario `async fn $name(d: Deployment)`: the
+/// embedded default and two servers' worth of PostgreSQL + S3.
+macro_rules! storage_test {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                super::$name(crate::support::Deployment::Embedded).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn scale_out() {
+                super::$name(crate::support::Deployment::ScaleOut).await
             }
         }
     };

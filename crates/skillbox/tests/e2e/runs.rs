@@ -70,10 +70,9 @@ async fn read(
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_runs_see_new_revisions_existing_runs_do_not() {
+async fn new_runs_see_new_revisions_existing_runs_do_not(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[]);
+    let s = d.server(dir.path());
     let c = http();
     let runner = token(&c, &s, "acme", "runner").await;
     publish(&c, &s, ADMIN, "acme", "demo", 0, v1()).await;
@@ -196,11 +195,11 @@ async fn new_runs_see_new_revisions_existing_runs_do_not() {
     let (st, _) = read(&c, &s, &runner, &run_a, "demo", "changed.txt").await;
     assert_eq!(st, 404);
 }
+storage_test!(new_runs_see_new_revisions_existing_runs_do_not);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deletion_keeps_pinned_runs_working() {
+async fn deletion_keeps_pinned_runs_working(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[]);
+    let s = d.server(dir.path());
     let c = http();
     publish(&c, &s, ADMIN, "acme", "demo", 0, v1()).await;
     let (_, pinned) = create_run(&c, &s, ADMIN, json!({})).await;
@@ -263,11 +262,11 @@ async fn deletion_keeps_pinned_runs_working() {
     let (_, p) = get(&c, &s.ws("acme", &format!("runs/{unpinned}/prompt")), ADMIN).await;
     assert_eq!(p["skills"], json!([]));
 }
+storage_test!(deletion_keeps_pinned_runs_working);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prompt_index_is_escaped_and_ordered() {
+async fn prompt_index_is_escaped_and_ordered(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[]);
+    let s = d.server(dir.path());
     let c = http();
     for (name, desc) in [
         ("zeta", "last & <least>"),
@@ -326,6 +325,7 @@ async fn prompt_index_is_escaped_and_ordered() {
     assert_eq!(st, 200, "{p}");
     assert_eq!(p["prompt"], "", "{p}");
 }
+storage_test!(prompt_index_is_escaped_and_ordered);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_keeps_pins_and_never_falls_back_to_latest() {
@@ -409,10 +409,9 @@ async fn restart_keeps_pins_and_never_falls_back_to_latest() {
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_runs_read_their_own_pins_under_publishing() {
+async fn concurrent_runs_read_their_own_pins_under_publishing(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[]);
+    let s = d.server(dir.path());
     let c = http();
     fn content(n: i64) -> String {
         format!("content of revision {n}")
@@ -497,11 +496,11 @@ async fn concurrent_runs_read_their_own_pins_under_publishing() {
     let last = publisher.await.unwrap();
     assert!(last > 3, "publishing did not overlap the reads");
 }
+storage_test!(concurrent_runs_read_their_own_pins_under_publishing);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_expire_and_heartbeats_extend_them() {
+async fn leases_expire_and_heartbeats_extend_them(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
-    let s = Server::start(dir.path(), &[]);
+    let s = d.server(dir.path());
     let c = http();
     publish(&c, &s, ADMIN, "acme", "demo", 0, v1()).await;
     let (_, short) = create_run(&c, &s, ADMIN, json!({"ttl_seconds": 1})).await;
@@ -559,14 +558,14 @@ async fn leases_expire_and_heartbeats_extend_them() {
     assert_eq!(r["revisions"].as_array().unwrap().len(), 1, "{r}");
     assert_eq!(r["revisions"][0]["revision"], 1);
 }
+storage_test!(leases_expire_and_heartbeats_extend_them);
 
-/// Two servers on one data directory: a revocation or a finish through one is seen by the
-/// other's next read (its pin cache is invalidated through the shared generation).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revocation_through_one_server_stops_reads_on_another() {
+/// Two servers: a revocation or a finish through one is seen by the other's reads — at once on
+/// one data directory (its pin cache is invalidated through the shared generation), within a
+/// second across servers on PostgreSQL (through the database's notifications).
+async fn revocation_through_one_server_stops_reads_on_another(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
-    let a = Server::start(dir.path(), &[]);
-    let b = Server::start(dir.path(), &[]);
+    let (a, b) = d.pair(dir.path());
     let c = http();
     publish(&c, &a, ADMIN, "acme", "demo", 0, v1()).await;
     let mut runs = Vec::new();
@@ -587,25 +586,25 @@ async fn revocation_through_one_server_stops_reads_on_another() {
         .send()
         .await
         .unwrap();
-    assert_eq!(
-        read(&c, &b, ADMIN, &runs[0], "demo", "changed.txt").await.0,
-        404,
-        "finished run still read through b"
-    );
+    let stopped = holds_within(d.propagation(), || async {
+        read(&c, &b, ADMIN, &runs[0], "demo", "changed.txt").await.0 == 404
+    })
+    .await;
+    assert!(stopped, "finished run still read through b");
     assert_eq!(
         read(&c, &b, ADMIN, &runs[1], "demo", "changed.txt").await.0,
         200
     );
     revoke(&c, &a, "demo", 1, "r").await;
-    let r = c
-        .get(b.ws(
-            "acme",
-            &format!("runs/{}/skills/demo/files/changed.txt", runs[1]),
-        ))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 410, "revoked revision still read through b");
-    assert_eq!(error_code(&r.json().await.unwrap()), "revision_revoked");
+    let pinned = b.ws(
+        "acme",
+        &format!("runs/{}/skills/demo/files/changed.txt", runs[1]),
+    );
+    let stopped = holds_within(d.propagation(), || async {
+        let r = c.get(&pinned).bearer_auth(ADMIN).send().await.unwrap();
+        r.status() == 410 && error_code(&r.json().await.unwrap()) == "revision_revoked"
+    })
+    .await;
+    assert!(stopped, "revoked revision still read through b");
 }
+storage_test!(revocation_through_one_server_stops_reads_on_another);

@@ -356,6 +356,27 @@ async fn an_outage_of_the_database_or_the_store_answers_503_and_changes_nothing(
             "{v}"
         );
     }
+    // An outage in the middle of a publish: the database goes while a large package uploads.
+    let big: Vec<u8> = (0..8u32 << 20)
+        .map(|k| (k.wrapping_mul(31) % 251) as u8)
+        .collect();
+    let body = versioned("hello", "big", &[("big.bin", &big)]);
+    let url = a.ws("acme", "skills/hello/revisions?base_revision=1");
+    let in_flight = tokio::spawn(try_publish(c.clone(), url, body));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    db_proxy.cut();
+    let (st, v) = in_flight.await.unwrap().expect("an answer");
+    assert_eq!((st, error_code(&v)), (503, "unavailable"), "{v}");
+    db_proxy.restore();
+    let healthy = async {
+        while get(&c, &format!("{}/healthz", a.url), ADMIN).await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), healthy)
+        .await
+        .expect("healthy again");
+
     let (st, v) = publish(&c, &a, ADMIN, "acme", "hello", 1, numbered_package(2)).await;
     assert_eq!((st, &v["revision"]), (201, &serde_json::json!(2)), "{v}");
     let report = fsck(&c, &a).await;

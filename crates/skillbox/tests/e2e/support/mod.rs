@@ -670,3 +670,58 @@ pub async fn fsck(c: &reqwest::Client, s: &Server) -> Value {
         .await
         .unwrap()
 }
+
+/// Where a scenario's servers keep their data: the embedded default, or the scale-out one
+/// (PostgreSQL + S3, each server with its own data directory). `storage_test!` runs a
+/// scenario under both.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Deployment {
+    Embedded,
+    ScaleOut,
+}
+
+impl Deployment {
+    /// A server on fresh storage, its data under `dir`.
+    pub fn server(self, dir: &Path) -> Server {
+        match self {
+            Deployment::Embedded => Server::start(dir, &[]),
+            Deployment::ScaleOut => ScaleOut::fresh().server(&dir.join("a")),
+        }
+    }
+
+    /// Two servers on the same fresh storage: on the embedded default two processes on one
+    /// data directory, scaled out two servers with their own.
+    pub fn pair(self, dir: &Path) -> (Server, Server) {
+        match self {
+            Deployment::Embedded => (Server::start(dir, &[]), Server::start(dir, &[])),
+            Deployment::ScaleOut => scale_out_pair(dir),
+        }
+    }
+
+    /// How long a change through one server may take to stop reads through another: at once
+    /// on one data directory (a shared file), within a second across servers (SPEC §7.2).
+    pub fn propagation(self) -> Duration {
+        match self {
+            Deployment::Embedded => Duration::ZERO,
+            Deployment::ScaleOut => Duration::from_secs(1),
+        }
+    }
+}
+
+/// Polls `check` until it holds, at least once and for at most `within`; whether it did.
+pub async fn holds_within<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
