@@ -358,6 +358,69 @@ impl ContentStore {
     }
 }
 
+/// Creates `bucket` on the S3 server the `AWS_*` variables name (a signed `PUT /BUCKET`), for
+/// a first start on an empty server. An answer that the caller owns it already counts as done;
+/// any other refusal (no right to create buckets, a name taken by someone else) is an error
+/// saying what the server answered.
+pub async fn create_bucket(bucket: &str) -> Result<()> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer, AwsCredential};
+    use object_store::client::{HttpConnector, HttpRequestBody, ReqwestConnector};
+    use object_store::{ClientConfigKey, ClientOptions};
+    let env = AmazonS3Builder::from_env();
+    let get = |key: AmazonS3ConfigKey| env.get_config_value(&key);
+    let refuse =
+        |why: String| RegistryError::BadRequest(format!("cannot create bucket {bucket:?}: {why}"));
+    let region = get(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
+    let endpoint = get(AmazonS3ConfigKey::Endpoint)
+        .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+    let (Some(key_id), Some(secret_key)) = (
+        get(AmazonS3ConfigKey::AccessKeyId),
+        get(AmazonS3ConfigKey::SecretAccessKey),
+    ) else {
+        return Err(refuse(
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set".into(),
+        ));
+    };
+    let credential = AwsCredential {
+        key_id,
+        secret_key,
+        token: get(AmazonS3ConfigKey::Token),
+    };
+    // Outside us-east-1, S3 wants the region in the body.
+    let body = if region == "us-east-1" {
+        String::new()
+    } else {
+        format!(
+            "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><LocationConstraint>{region}</LocationConstraint></CreateBucketConfiguration>"
+        )
+    };
+    let mut request = http::Request::builder()
+        .method(http::Method::PUT)
+        .uri(format!("{}/{bucket}", endpoint.trim_end_matches('/')))
+        .body(HttpRequestBody::from(body))
+        .map_err(|e| refuse(e.to_string()))?;
+    AwsAuthorizer::new(&credential, "s3", &region).try_authorize(&mut request, None)?;
+    let allow_http = get(AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp))
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let client =
+        ReqwestConnector::default().connect(&ClientOptions::new().with_allow_http(allow_http))?;
+    let response = client
+        .execute(request)
+        .await
+        .map_err(|e| refuse(format!("{endpoint} does not answer: {e}")))?;
+    let status = response.status();
+    let body = response.into_body().bytes().await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&body);
+    let code = crate::error::s3_error_code(&text);
+    if status.is_success() || code.as_deref() == Some("BucketAlreadyOwnedByYou") {
+        return Ok(());
+    }
+    Err(refuse(format!(
+        "the server answered {status} {}",
+        code.unwrap_or_default()
+    )))
+}
+
 /// Uploads or existence checks in flight at once on a remote store.
 const REMOTE_CONCURRENCY: usize = 16;
 

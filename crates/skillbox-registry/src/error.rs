@@ -48,6 +48,10 @@ pub enum RegistryError {
         revision: i64,
         reason: String,
     },
+    /// The configured database or store cannot be used at all (at start): one line saying which
+    /// and why; the full failure is logged.
+    #[error("{0}")]
+    Unusable(String),
     /// The metadata store failed (connection, query, constraint).
     #[error("metadata store: {0}")]
     Metadata(#[from] sqlx::Error),
@@ -84,6 +88,7 @@ impl RegistryError {
             RegistryError::NotActivated(_) => ErrorCode::NotActivated,
             RegistryError::ActivationConflict { .. } => ErrorCode::ActivationConflict,
             RegistryError::PinnedRevisionUnavailable { .. } => ErrorCode::PinnedRevisionUnavailable,
+            RegistryError::Unusable(_) => ErrorCode::Unavailable,
             RegistryError::Metadata(e) if metadata_outage(e) => ErrorCode::Unavailable,
             RegistryError::Store(e) if store_outage(e) => ErrorCode::Unavailable,
             RegistryError::Metadata(_)
@@ -186,7 +191,42 @@ fn store_outage(e: &object_store::Error) -> bool {
     )
 }
 
+/// The `<Code>` of an S3 error document.
+pub(crate) fn s3_error_code(text: &str) -> Option<String> {
+    let start = text.find("<Code>")? + "<Code>".len();
+    let end = start + text[start..].find("</Code>")?;
+    Some(text[start..end].to_string())
+}
+
 impl RegistryError {
+    /// One line saying why: the S3 error code and message where a server sent one, else the
+    /// innermost cause (connection refused, a timeout, a refused login), without the chain.
+    pub fn one_line(&self) -> String {
+        let text = self.to_string();
+        let message = text.find("<Message>").and_then(|start| {
+            let start = start + "<Message>".len();
+            text[start..]
+                .find("</Message>")
+                .map(|end| &text[start..start + end])
+        });
+        match (s3_error_code(&text), message) {
+            (Some(code), Some(message)) => format!("{code}: {message}"),
+            (Some(code), None) => code,
+            _ => {
+                let mut cause: &dyn std::error::Error = self;
+                while let Some(next) = cause.source() {
+                    cause = next;
+                }
+                cause
+                    .to_string()
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string()
+            }
+        }
+    }
+
     /// Whether this is an outage of the database or the store (`unavailable`, 503).
     pub fn is_outage(&self) -> bool {
         self.code() == ErrorCode::Unavailable

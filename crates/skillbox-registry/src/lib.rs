@@ -144,14 +144,27 @@ impl Registry {
             None => ContentStore::local(&layout.store())?,
             Some(url) => ContentStore::open(&content::StoreUrl::parse(url)?)?,
         };
-        content.ping().await.map_err(|e| {
-            RegistryError::context(
-                format!(
-                    "the content store {} does not answer (is it running, does the bucket exist, are the AWS_* credentials right?)",
-                    cfg.store.as_deref().unwrap_or("(local)")
-                ),
-                e,
-            )
+        let store_url = cfg.store.as_deref().unwrap_or("(local)");
+        let mut answer = content.ping().await;
+        // A first start on an empty S3 server: make the bucket if the credentials may.
+        if let (Err(e), Some(url)) = (&answer, &cfg.store)
+            && e.to_string().contains("NoSuchBucket")
+            && let content::StoreUrl::S3 { bucket, .. } = content::StoreUrl::parse(url)?
+        {
+            tracing::warn!(bucket, "the bucket does not exist: creating it");
+            content::create_bucket(&bucket).await.map_err(|created| {
+                RegistryError::Unusable(format!(
+                    "the content store {store_url}: the bucket does not exist, and {created}"
+                ))
+            })?;
+            answer = content.ping().await;
+        }
+        answer.map_err(|e| {
+            tracing::debug!(error = ?e, "the content store does not answer");
+            RegistryError::Unusable(format!(
+                "the content store {store_url} does not answer: {} (is it running, are AWS_ENDPOINT_URL and the AWS_* credentials right?)",
+                e.one_line()
+            ))
         })?;
         let cache = RevisionCache::new(layout.trees(), staging.clone())?;
         let url = match &cfg.database_url {
@@ -159,13 +172,12 @@ impl Registry {
             None => layout.sqlite_url(),
         };
         let meta = MetaStore::connect(&url).await.map_err(|e| {
-            RegistryError::context(
-                format!(
-                    "cannot open the metadata database {} (is it running, are the URL and credentials right?)",
-                    meta::redacted_url(&url)
-                ),
-                e,
-            )
+            tracing::debug!(error = ?e, "the metadata database does not answer");
+            RegistryError::Unusable(format!(
+                "the metadata database {} does not answer: {} (is it running, are the URL and credentials right?)",
+                meta::redacted_url(&url),
+                RegistryError::from(e).one_line()
+            ))
         })?;
         let changes = Arc::new(tokio::sync::watch::channel(0).0);
         let (revocations, _) = tokio::sync::broadcast::channel(1024);

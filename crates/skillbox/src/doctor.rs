@@ -64,7 +64,7 @@ fn check_storage(a: &DoctorArgs) -> anyhow::Result<Vec<StorageCheck>> {
             match tokio::time::timeout(within, skillbox_registry::MetaStore::probe(&database)).await
             {
                 Ok(Ok(version)) => Ok(version),
-                Ok(Err(e)) => Err(format!("{e}")),
+                Ok(Err(e)) => Err(e.one_line()),
                 Err(_) => Err(format!("no answer within {}s", within.as_secs())),
             }
         })
@@ -80,7 +80,8 @@ fn check_storage(a: &DoctorArgs) -> anyhow::Result<Vec<StorageCheck>> {
             match tokio::time::timeout(within, store.ping()).await {
                 Ok(Ok(())) => Ok("answers".to_string()),
                 Ok(Err(e)) => Err(format!(
-                    "{e} (is it running, does the bucket exist, are the AWS_* credentials right?)"
+                    "{} (is it running, does the bucket exist, are the AWS_* credentials right?)",
+                    e.one_line()
                 )),
                 Err(_) => Err(format!("no answer within {}s", within.as_secs())),
             }

@@ -107,7 +107,9 @@ pub struct SandboxArgs {
 
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The S3 client's retries are expected on a flaky network: said once as a failure if
+        // they do not help, not line by line.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,object_store=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -202,6 +202,12 @@ impl MetaStore {
                     Ok(())
                 })
             });
+        // One plain connection first: a pool retries a refused connection until its acquire
+        // timeout and then reports only that it timed out, where this says why at once.
+        {
+            use sqlx::Connection;
+            sqlx::AnyConnection::connect(url).await?.close().await?;
+        }
         let pool = opts.clone().connect(url).await?;
         let writer = match dialect {
             Dialect::Sqlite => opts.max_connections(1).connect(url).await?,

@@ -384,30 +384,36 @@ async fn an_outage_of_the_database_or_the_store_answers_503_and_changes_nothing(
 }
 
 #[test]
-fn a_server_refuses_to_start_on_storage_it_cannot_use_and_says_why() {
+fn a_server_refuses_to_start_on_storage_it_cannot_use_and_says_why_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let storage = ScaleOut::fresh();
     let nobody = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
-    // (what, serve arguments, environment, what stderr must name)
-    type Case<'a> = (&'a str, Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let no_s3 = format!("http://127.0.0.1:{}", free_port());
+    // (what, serve arguments, environment, what the line must name)
+    type Case<'a> = (
+        &'a str,
+        Vec<&'a str>,
+        Vec<(&'a str, &'a str)>,
+        &'a [&'a str],
+    );
     let cases: [Case; 3] = [
-        (
-            "a missing bucket",
-            vec!["--store", "s3://skillbox-no-such-bucket"],
-            vec![],
-            "skillbox-no-such-bucket",
-        ),
         (
             "wrong credentials",
             vec!["--store", &storage.store],
             vec![("AWS_SECRET_ACCESS_KEY", "not-the-secret")],
-            "AWS_",
+            &["content store", "SignatureDoesNotMatch"],
+        ),
+        (
+            "an unreachable store",
+            vec!["--store", &storage.store],
+            vec![("AWS_ENDPOINT_URL", &no_s3)],
+            &["content store", "does not answer"],
         ),
         (
             "an unreachable database",
             vec!["--database-url", &nobody],
             vec![],
-            "database",
+            &["metadata database", "refused"],
         ),
     ];
     for (what, args, envs, says) in cases {
@@ -419,12 +425,36 @@ fn a_server_refuses_to_start_on_storage_it_cannot_use_and_says_why() {
             .args(&args)
             .envs(envs)
             .env("SKILLBOX_ADMIN_TOKEN", ADMIN)
+            .env("SKILLBOX_LOG", "error")
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{what}: started anyway");
-        assert!(stderr.contains(says), "{what}: {stderr}");
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{what}: not one line: {stderr}"
+        );
+        for word in says {
+            assert!(stderr.contains(word), "{what}: {stderr}");
+        }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_bucket_is_created_at_the_first_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let store = format!("s3://skillbox-made-{}-{nanos}", std::process::id());
+    let s = Server::start(dir.path(), &["--store", &store]);
+    let c = http();
+    let (st, v) = publish(&c, &s, ADMIN, "acme", "hello", 0, numbered_package(1)).await;
+    assert_eq!(st, 201, "{v}");
+    let (st, digest) = archive_digest(&c, &s, "acme", "hello", 1).await;
+    assert_eq!((st, digest.as_str()), (200, v["digest"].as_str().unwrap()));
 }
 
 #[test]
