@@ -176,7 +176,7 @@ impl Registry {
             RegistryError::Unusable(format!(
                 "the metadata database {} does not answer: {} (is it running, are the URL and credentials right?)",
                 meta::redacted_url(&url),
-                RegistryError::from(e).one_line()
+                e.one_line()
             ))
         })?;
         let changes = Arc::new(tokio::sync::watch::channel(0).0);
