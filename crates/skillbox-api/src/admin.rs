@@ -6,8 +6,11 @@ use serde_json::Value;
 /// `POST /v1/admin/tokens`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreateToken {
-    pub workspace: String,
-    /// `reader`, `author`, `runner` or `admin`.
+    /// The token's workspace; absent for a node token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// `reader`, `author`, `runner` or `admin` (of the workspace), or `node` (an execution
+    /// node's, of no workspace).
     pub role: String,
 }
 
@@ -15,7 +18,8 @@ pub struct CreateToken {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TokenCreated {
     pub token: String,
-    pub workspace: String,
+    /// `null` for a node token.
+    pub workspace: Option<String>,
     pub role: String,
 }
 

@@ -52,11 +52,13 @@ macro_rules! wire_enum {
 pub mod admin;
 pub mod drafts;
 pub mod error;
+pub mod nodes;
 pub mod runs;
 pub mod skills;
 
 pub use admin::*;
 pub use drafts::*;
 pub use error::{ErrorBody, ErrorCode, ErrorEnvelope};
+pub use nodes::*;
 pub use runs::*;
 pub use skills::*;

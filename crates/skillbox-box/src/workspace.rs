@@ -190,9 +190,23 @@ pub fn detach(image: &Path) -> Result<(), BoxError> {
     if !image.exists() {
         return Ok(());
     }
-    let existing = run("losetup", &["--associated".as_ref(), image.as_os_str()])?;
-    for dev in existing.lines().filter_map(|l| l.split(':').next()) {
-        run("losetup", &["--detach".as_ref(), dev.as_ref()])?;
+    let associated = || -> Result<Vec<String>, BoxError> {
+        let listed = run("losetup", &["--associated".as_ref(), image.as_os_str()])?;
+        Ok(listed
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .filter(|dev| !dev.is_empty())
+            .map(str::to_string)
+            .collect())
+    };
+    for dev in associated()? {
+        if let Err(e) = run("losetup", &["--detach".as_ref(), dev.as_ref()]) {
+            // A device whose last user went meanwhile detaches itself (autoclear after a lazy
+            // unmount): only a device still backing the image is a failure.
+            if associated()?.contains(&dev) {
+                return Err(e);
+            }
+        }
     }
     Ok(())
 }

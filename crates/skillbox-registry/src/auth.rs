@@ -40,6 +40,9 @@ impl Role {
 pub enum Principal {
     /// The server's admin token: every workspace, every operation.
     ServerAdmin,
+    /// An execution node's token: registration, heartbeats and what nodes fetch; no
+    /// workspace's skills by name.
+    Node,
     Workspace {
         workspace: String,
         role: Role,
@@ -51,6 +54,7 @@ impl Principal {
     pub fn label(&self) -> String {
         match self {
             Principal::ServerAdmin => "admin".into(),
+            Principal::Node => "node".into(),
             Principal::Workspace { workspace, role } => format!("{workspace}:{}", role.as_str()),
         }
     }
@@ -63,6 +67,9 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+/// How a node token's role is stored (its workspace is empty).
+const NODE_ROLE: &str = "node";
 
 fn token_hash(token: &str) -> String {
     Sha256::of(token.as_bytes()).to_hex()
@@ -90,6 +97,15 @@ impl Registry {
         Ok(token)
     }
 
+    /// Mints a node token (SPEC §7.3): of no workspace; shown once, stored hashed.
+    pub async fn create_node_token(&self) -> Result<String> {
+        let token = generate_token();
+        self.meta
+            .insert_token(&token_hash(&token), "", NODE_ROLE)
+            .await?;
+        Ok(token)
+    }
+
     /// Resolves a bearer token. `admin_token` is the server's admin secret.
     pub async fn authenticate(&self, token: &str, admin_token: &str) -> Result<Option<Principal>> {
         if constant_time_eq(token.as_bytes(), admin_token.as_bytes()) {
@@ -102,6 +118,9 @@ impl Registry {
             return Ok(Some(p));
         }
         let principal = self.meta.token(&hash).await?.and_then(|(workspace, role)| {
+            if role == NODE_ROLE {
+                return Some(Principal::Node);
+            }
             Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
         });
         if let (Some(p), Ok(mut c)) = (&principal, self.tokens.lock()) {

@@ -13,6 +13,7 @@
 //!   box/workspaces/<run>   each run's /workspace (with <run>.ext4 beside it)
 //!   box/prepared/          verified package copies (copy mode)
 //!   box/envs/              dependency environments
+//!   node-id                an execution node's identity, as Core assigned it (`skillbox node`)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -33,6 +34,11 @@ impl DataDir {
 
     pub fn admin_token(&self) -> PathBuf {
         self.root.join("admin-token")
+    }
+
+    /// An execution node's identity: restarted on the same data directory it is the same node.
+    pub fn node_identity(&self) -> PathBuf {
+        self.root.join("node-id")
     }
 
     /// The embedded database's URL (used when no `--database-url` is given).

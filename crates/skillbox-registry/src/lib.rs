@@ -19,6 +19,7 @@ pub mod fsck;
 pub mod gc;
 pub mod layout;
 pub mod meta;
+pub mod nodes;
 mod notify;
 mod publish;
 mod reads;

@@ -24,6 +24,8 @@ pub enum Access {
     Workspace(Role),
     /// The server's admin token only.
     ServerAdmin,
+    /// An execution node's token only (SPEC §7.3).
+    Node,
 }
 
 impl Access {
@@ -34,6 +36,7 @@ impl Access {
             Access::AnyToken => Some("any"),
             Access::Workspace(role) => Some(role.as_str()),
             Access::ServerAdmin => Some("server-admin"),
+            Access::Node => Some("node"),
         }
     }
 }
@@ -105,6 +108,21 @@ async fn authorize(
                     "this needs the server's admin token",
                 ));
             }
+        }
+        Access::Node => {
+            if principal != Principal::Node {
+                return Err(ApiError::new(
+                    ErrorCode::Forbidden,
+                    "this needs a node token (POST /v1/admin/tokens {\"role\": \"node\"})",
+                ));
+            }
+        }
+        // A node reads no workspace by name.
+        Access::Workspace(_) if principal == Principal::Node => {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                "a node token cannot use workspace routes",
+            ));
         }
         Access::Workspace(needed) => {
             let ws =

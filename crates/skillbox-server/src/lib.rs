@@ -18,6 +18,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod metrics;
+pub mod node;
 pub mod openapi;
 pub mod routes;
 pub mod sandbox;
@@ -39,6 +40,8 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Default grace period of garbage collection.
     pub gc_grace: Duration,
+    /// A node whose last heartbeat is older than this is `lost` (SPEC §7.3).
+    pub node_timeout: Duration,
     pub connections: ConnectionLimits,
 }
 

@@ -7,6 +7,7 @@
 mod output;
 mod client;
 mod doctor;
+mod node;
 mod offline;
 mod serve;
 
@@ -39,6 +40,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run the skillbox server.
     Serve(Box<serve::ServeArgs>),
+    /// Run an execution node that registers with Core (SPEC §7.3; executions on nodes are in
+    /// progress).
+    Node(Box<node::NodeArgs>),
     #[command(flatten)]
     Client(client::ClientCommand),
 }
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => offline::validate(a),
         Command::Digest(a) => offline::digest(a),
         Command::Serve(a) => serve::run(*a),
+        Command::Node(a) => node::run(*a),
         Command::Doctor(a) => doctor::run(a, cli.conn.json),
         Command::Client(c) => client::run(cli.conn, c),
     };

@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// Run garbage collection every this many seconds (0: only on request).
     #[arg(long, env = "SKILLBOX_GC_INTERVAL", default_value_t = 3600)]
     pub gc_interval: u64,
+    /// Execution nodes: a node whose heartbeats stop for this many seconds is lost; nodes
+    /// heartbeat at a third of it.
+    #[arg(long, env = "SKILLBOX_NODE_TIMEOUT", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub node_timeout: u64,
     /// Log format: text or json.
     #[arg(long, env = "SKILLBOX_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
@@ -105,7 +109,7 @@ pub struct SandboxArgs {
     pub sandbox_uid_base: u32,
 }
 
-fn init_logging(format: &str) {
+pub(crate) fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
         // The S3 client's retries are expected on a flaky network: said once as a failure if
         // they do not help, not line by line.
@@ -179,6 +183,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 max_upload_bytes: limits.max_total_size + 16 * 1024 * 1024,
                 request_timeout: std::time::Duration::from_secs(a.request_timeout),
                 gc_grace: std::time::Duration::from_secs(a.gc_grace),
+                node_timeout: std::time::Duration::from_secs(a.node_timeout),
                 connections: skillbox_server::ConnectionLimits {
                     max_connections: a.max_connections,
                     header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
@@ -309,7 +314,7 @@ activation and reads work, exec answers box_unavailable"
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,

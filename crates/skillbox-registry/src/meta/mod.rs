@@ -32,12 +32,14 @@ macro_rules! from_row {
 
 mod drafts;
 mod events;
+mod nodes;
 mod revisions;
 mod runs;
 mod skills;
 mod tokens;
 
 pub use drafts::DraftRow;
+pub use nodes::NodeRow;
 pub use revisions::{Collectable, CommitOutcome, ContentSweep, NewRevision, Revocation};
 pub(crate) use runs::run_state_error;
 pub use runs::{LivePin, PinRef, PinnedRevision, RunRecord, RunRow};

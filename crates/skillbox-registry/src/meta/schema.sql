@@ -99,3 +99,14 @@ CREATE TABLE IF NOT EXISTS pins (
     PRIMARY KEY (run_id, skill_id));
 
 CREATE INDEX IF NOT EXISTS pins_revision ON pins (skill_id, revision);
+
+-- Execution nodes (SPEC §7.3): one row per node identity, updated at every registration (a
+-- restarted node gives its new address and gets a new secret) and heartbeat.
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    address TEXT NOT NULL,
+    version TEXT NOT NULL,
+    secret TEXT NOT NULL,
+    load BIGINT NOT NULL,
+    registered_at BIGINT NOT NULL,
+    last_heartbeat BIGINT NOT NULL);

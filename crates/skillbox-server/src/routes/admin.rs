@@ -13,18 +13,37 @@ pub async fn create_token(
     State(s): State<SharedState>,
     ApiJson(body): ApiJson<CreateToken>,
 ) -> ApiResult<(StatusCode, Json<TokenCreated>)> {
+    if body.role == "node" {
+        if body.workspace.is_some() {
+            return Err(ApiError::bad_request(
+                "a node token has no workspace: send {\"role\": \"node\"} alone",
+            ));
+        }
+        let token = s.registry.create_node_token().await?;
+        return Ok((
+            StatusCode::CREATED,
+            Json(TokenCreated {
+                token,
+                workspace: None,
+                role: body.role,
+            }),
+        ));
+    }
     let role = Role::parse(&body.role).ok_or_else(|| {
         ApiError::bad_request(format!(
-            "unknown role {:?}: use reader, author, runner or admin",
+            "unknown role {:?}: use reader, author, runner, admin (of a workspace) or node",
             body.role
         ))
     })?;
-    let token = s.registry.create_token(&body.workspace, role).await?;
+    let workspace = body.workspace.ok_or_else(|| {
+        ApiError::bad_request(format!("a {} token needs a workspace", role.as_str()))
+    })?;
+    let token = s.registry.create_token(&workspace, role).await?;
     Ok((
         StatusCode::CREATED,
         Json(TokenCreated {
             token,
-            workspace: body.workspace,
+            workspace: Some(workspace),
             role: role.as_str().into(),
         }),
     ))

@@ -7,6 +7,7 @@ mod admin;
 mod drafts;
 mod events;
 mod exec;
+mod nodes;
 mod ops;
 mod revisions;
 mod runs;
@@ -111,11 +112,17 @@ pub static ROUTES: &[Route] = &[
     route!(GET "/v1/workspaces/{ws}/events", READER, events::stream,
         "Event log as Server-Sent Events from ?after=SEQ (follow=false ends after the backlog)."),
     route!(POST "/v1/admin/tokens", Access::ServerAdmin, admin::create_token,
-        "Mint a workspace token {workspace, role}; shown once."),
+        "Mint a token {workspace, role} (role node: no workspace); shown once."),
     route!(POST "/v1/admin/gc", Access::ServerAdmin, admin::gc,
         "Collect unreferenced revisions and content {dry_run?, grace_seconds?}."),
     route!(POST "/v1/admin/fsck", Access::ServerAdmin, admin::fsck,
         "Re-verify stored content; report problems, change nothing."),
+    route!(GET "/v1/admin/nodes", Access::ServerAdmin, nodes::list,
+        "Execution nodes: id, address, state (live | lost), load, last heartbeat, version."),
+    route!(POST "/v1/nodes", Access::Node, nodes::register,
+        "A node registers {id?, address, version}: its id, Core's secret, the heartbeat interval."),
+    route!(POST "/v1/nodes/{id}/heartbeat", Access::Node, nodes::heartbeat,
+        "A node's heartbeat {load}."),
 ];
 
 /// The router of [`ROUTES`], each route behind its access check.

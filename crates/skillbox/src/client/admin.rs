@@ -7,9 +7,10 @@ use std::process::ExitCode;
 
 #[derive(clap::Subcommand)]
 pub enum TokenCommand {
-    /// Mint a workspace token (shown once).
+    /// Mint a token (shown once): of the workspace (-w) for reader, author, runner or admin;
+    /// of no workspace for node (an execution node's, for `skillbox node --token`).
     Create {
-        /// reader, author, runner or admin.
+        /// reader, author, runner, admin or node.
         #[arg(long)]
         role: String,
     },
@@ -82,7 +83,7 @@ pub(super) async fn gc(
 
 pub(super) async fn create_token(c: &Client, role: String, j: bool) -> anyhow::Result<()> {
     let body = CreateToken {
-        workspace: c.conn.workspace.clone(),
+        workspace: (role != "node").then(|| c.conn.workspace.clone()),
         role,
     };
     let v: TokenCreated = c

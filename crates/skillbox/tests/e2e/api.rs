@@ -445,7 +445,7 @@ async fn openapi_lists_every_route() {
                 .replace("{name}", "demo")
                 .replace("{rev}", "1")
                 .replace("{path}", "SKILL.md")
-                .replace("{id}", "d1")
+                .replace("{id}", "0123456789abcdef0123456789abcdef")
                 .replace("{run}", "r1")
         );
         // The event stream follows forever unless told otherwise.
@@ -490,6 +490,7 @@ async fn every_route_enforces_the_access_in_the_route_table() {
         tokens.insert(role, token(&c, &s, "acme", role).await);
     }
     let other = token(&c, &s, "other", "admin").await;
+    let node = node_token(&c, &s).await;
     let one_short = |role: Role| match role {
         Role::Reader => None,
         Role::Author => Some("reader"),
@@ -507,7 +508,7 @@ async fn every_route_enforces_the_access_in_the_route_table() {
                 .replace("{name}", "demo")
                 .replace("{rev}", "1")
                 .replace("{*path}", "SKILL.md")
-                .replace("{id}", "d1")
+                .replace("{id}", "0123456789abcdef0123456789abcdef")
                 .replace("{run}", "r1")
         );
         // The event stream follows forever unless told otherwise.
@@ -540,11 +541,32 @@ async fn every_route_enforces_the_access_in_the_route_table() {
             }
             Access::ServerAdmin => {
                 assert_eq!(call(None).await.0, 401, "{what} without a token");
-                let (st, code) = call(Some(&tokens["admin"])).await;
-                assert_eq!(
-                    (st, code.as_str()),
-                    (403, "forbidden"),
-                    "{what} with a workspace admin token"
+                for (who, t) in [("a workspace admin", &tokens["admin"]), ("a node", &node)] {
+                    let (st, code) = call(Some(t)).await;
+                    assert_eq!(
+                        (st, code.as_str()),
+                        (403, "forbidden"),
+                        "{what} with {who} token"
+                    );
+                }
+            }
+            Access::Node => {
+                assert_eq!(call(None).await.0, 401, "{what} without a token");
+                for (who, t) in [
+                    ("a workspace admin", &tokens["admin"]),
+                    ("the server admin", &ADMIN.to_string()),
+                ] {
+                    let (st, code) = call(Some(t)).await;
+                    assert_eq!(
+                        (st, code.as_str()),
+                        (403, "forbidden"),
+                        "{what} with {who} token"
+                    );
+                }
+                let (st, _) = call(Some(&node)).await;
+                assert!(
+                    ![401, 403].contains(&st),
+                    "{what} refused a node token ({st})"
                 );
             }
             Access::Workspace(role) => {
@@ -554,6 +576,13 @@ async fn every_route_enforces_the_access_in_the_route_table() {
                     (st, code.as_str()),
                     (404, "not_found"),
                     "{what} with another workspace's token"
+                );
+                // A node token reads no workspace by name.
+                let (st, code) = call(Some(&node)).await;
+                assert_eq!(
+                    (st, code.as_str()),
+                    (403, "forbidden"),
+                    "{what} with a node token"
                 );
                 if let Some(short) = one_short(role) {
                     let (st, code) = call(Some(&tokens[short])).await;

@@ -56,6 +56,7 @@ mod docker;
 mod gc;
 mod hardening;
 mod lifecycle;
+mod nodes;
 mod run_drafts;
 mod runs;
 mod sandbox;

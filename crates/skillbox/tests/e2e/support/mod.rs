@@ -230,6 +230,21 @@ pub async fn token(c: &reqwest::Client, s: &Server, ws: &str, role: &str) -> Str
         .to_string()
 }
 
+/// A node token (of no workspace), minted by the admin.
+pub async fn node_token(c: &reqwest::Client, s: &Server) -> String {
+    let r = c
+        .post(format!("{}/v1/admin/tokens", s.url))
+        .bearer_auth(ADMIN)
+        .json(&serde_json::json!({"role": "node"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["workspace"].is_null(), "{v}");
+    v["token"].as_str().unwrap().to_string()
+}
+
 pub fn error_code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }

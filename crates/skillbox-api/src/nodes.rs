@@ -1,0 +1,66 @@
+//! Execution nodes (SPEC §7.3): registration, heartbeats, and the admin's list.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/nodes` (node token): a node announcing itself, at start and after a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterNode {
+    /// The identity the node kept in its data directory from an earlier registration; absent
+    /// the first time (Core assigns one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Where Core reaches the node (`--advertise`, else its listen address), e.g.
+    /// `http://10.0.0.5:7421`.
+    pub address: String,
+    /// The node's skillbox version.
+    pub version: String,
+}
+
+/// The answer to a registration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRegistered {
+    pub id: String,
+    /// What Core presents (as a bearer token) when it calls the node; the node accepts nothing
+    /// else. New at every registration.
+    pub secret: String,
+    /// How often to heartbeat: at most a third of Core's `--node-timeout`.
+    pub heartbeat_seconds: u64,
+}
+
+/// `POST /v1/nodes/{id}/heartbeat` (node token).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeHeartbeat {
+    /// Executions in progress on the node.
+    #[serde(default)]
+    pub load: u64,
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatAck {
+    pub heartbeat_seconds: u64,
+}
+
+wire_enum! {
+    /// A node is `live` while its heartbeats arrive within Core's `--node-timeout`, else
+    /// `lost` (and stays listed).
+    pub enum NodeState { Live = "live", Lost = "lost", }
+}
+
+/// A node as `GET /v1/admin/nodes` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub id: String,
+    pub address: String,
+    pub state: NodeState,
+    pub load: u64,
+    /// Milliseconds since the epoch.
+    pub last_heartbeat: i64,
+    pub version: String,
+}
+
+/// `GET /v1/admin/nodes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeList {
+    pub nodes: Vec<NodeView>,
+}

@@ -1,0 +1,104 @@
+//! Execution nodes (SPEC §7.3) as Core sees them: registrations, heartbeats, liveness.
+//!
+//! A node is `live` while its last heartbeat is younger than Core's node timeout. The rows are
+//! in the database, so every Core server sees the same nodes.
+
+use crate::Registry;
+use crate::auth::generate_token;
+use crate::error::{RegistryError, Result};
+use crate::meta::{NodeRow, new_id, now_ms};
+use skillbox_api::{NodeRegistered, NodeState, NodeView, RegisterNode};
+use std::time::Duration;
+
+/// The heartbeat interval Core gives a node: a third of the timeout (at least a second), so
+/// that two lost heartbeats in a row still leave it live.
+pub fn heartbeat_interval(node_timeout: Duration) -> Duration {
+    (node_timeout / 3).max(Duration::from_secs(1))
+}
+
+impl Registry {
+    /// Registers a node (a new one, or a known identity at its new address) and hands it a
+    /// fresh secret for Core's calls.
+    pub async fn register_node(
+        &self,
+        req: RegisterNode,
+        node_timeout: Duration,
+    ) -> Result<NodeRegistered> {
+        let id = match req.id {
+            Some(id) if is_node_id(&id) => id,
+            Some(id) => {
+                return Err(RegistryError::BadRequest(format!(
+                    "node id {id:?} is not one Core assigned (32 hex digits)"
+                )));
+            }
+            None => new_id(),
+        };
+        let address = req.address.trim_end_matches('/').to_string();
+        if !(address.starts_with("http://") || address.starts_with("https://")) {
+            return Err(RegistryError::BadRequest(format!(
+                "node address {address:?} must be an http:// or https:// URL (use --advertise)"
+            )));
+        }
+        let now = now_ms();
+        let secret = generate_token();
+        self.meta
+            .register_node(&NodeRow {
+                id: id.clone(),
+                address,
+                version: req.version,
+                secret: secret.clone(),
+                load: 0,
+                registered_at: now,
+                last_heartbeat: now,
+            })
+            .await?;
+        Ok(NodeRegistered {
+            id,
+            secret,
+            heartbeat_seconds: heartbeat_interval(node_timeout).as_secs(),
+        })
+    }
+
+    /// Records a node's heartbeat; `not_found` for an identity Core does not know (the node
+    /// should register again).
+    pub async fn node_heartbeat(&self, id: &str, load: u64) -> Result<()> {
+        let load = i64::try_from(load).unwrap_or(i64::MAX);
+        if !self.meta.node_heartbeat(id, load, now_ms()).await? {
+            return Err(RegistryError::NotFound(format!(
+                "no node {id:?}: register again"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every node with its state now.
+    pub async fn nodes(&self, node_timeout: Duration) -> Result<Vec<NodeView>> {
+        let now = now_ms();
+        let timeout = node_timeout.as_millis() as i64;
+        Ok(self
+            .meta
+            .nodes()
+            .await?
+            .into_iter()
+            .map(|n| NodeView {
+                state: if now - n.last_heartbeat <= timeout {
+                    NodeState::Live
+                } else {
+                    NodeState::Lost
+                },
+                id: n.id,
+                address: n.address,
+                load: u64::try_from(n.load).unwrap_or(0),
+                last_heartbeat: n.last_heartbeat,
+                version: n.version,
+            })
+            .collect())
+    }
+}
+
+fn is_node_id(id: &str) -> bool {
+    id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}

@@ -1,0 +1,200 @@
+//! Execution nodes (SPEC §7.3), the part built so far: node tokens, registration, heartbeats,
+//! `live`/`lost`, a node's identity across its restarts and Core's, and a node that answers
+//! Core only. (Executions placed on nodes are still to come.)
+
+use crate::support::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `skillbox node`.
+struct Node {
+    child: Child,
+    port: u16,
+    data_dir: PathBuf,
+}
+
+impl Node {
+    fn start(core: &Server, token: &str, data_dir: &Path) -> Node {
+        let port = free_port();
+        let child = Command::new(bin())
+            .args(["node", "--core", &core.url, "--token", token, "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("SKILLBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let node = Node {
+            child,
+            port,
+            data_dir: data_dir.to_path_buf(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        node
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn nodes(c: &reqwest::Client, core: &Server) -> Vec<Value> {
+    let (st, v) = get(c, &format!("{}/v1/admin/nodes", core.url), ADMIN).await;
+    assert_eq!(st, 200, "{v}");
+    v["nodes"].as_array().unwrap().clone()
+}
+
+/// Waits until Core lists exactly one node in `state` at `address`; returns it.
+async fn the_node(c: &reqwest::Client, core: &Server, state: &str, address: &str) -> Value {
+    let mut last = Vec::new();
+    for _ in 0..200 {
+        last = nodes(c, core).await;
+        if let [n] = last.as_slice()
+            && n["state"] == state
+            && n["address"] == address
+        {
+            return n.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no single {state} node at {address}: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_registers_heartbeats_is_lost_when_stopped_and_keeps_its_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut core = Server::start_on(&dir.path().join("core"), port, &["--node-timeout", "2"]);
+    let c = http();
+
+    // The CLI mints a node token of no workspace.
+    let out = Command::new(bin())
+        .args([
+            "--json", "--url", &core.url, "--token", ADMIN, "token", "create", "--role", "node",
+        ])
+        .output()
+        .unwrap();
+    let minted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&minted["role"], &minted["workspace"]),
+        (&json!("node"), &Value::Null),
+        "{minted}"
+    );
+    let token = minted["token"].as_str().unwrap().to_string();
+    let (st, who) = get(&c, &format!("{}/v1/whoami", core.url), &token).await;
+    assert_eq!((st, &who["role"]), (200, &json!("node")), "{who}");
+
+    let mut node = Node::start(&core, &token, &dir.path().join("node"));
+    let first = the_node(&c, &core, "live", &node.url()).await;
+    let id = first["id"].as_str().unwrap().to_string();
+    assert_eq!(first["version"], env!("CARGO_PKG_VERSION"));
+    // The list is its wire type, field for field.
+    let (_, listed) = get(&c, &format!("{}/v1/admin/nodes", core.url), ADMIN).await;
+    let typed: skillbox_api::NodeList = serde_json::from_value(listed.clone()).unwrap();
+    assert_eq!(serde_json::to_value(&typed).unwrap(), listed);
+    assert_eq!(
+        std::fs::read_to_string(node.data_dir.join("node-id"))
+            .unwrap()
+            .trim(),
+        id
+    );
+
+    // The node answers Core only: neither no token nor the node token itself will do.
+    for bearer in [None, Some(token.as_str()), Some(ADMIN)] {
+        let mut rb = c.get(format!("{}/v1/node", node.url()));
+        if let Some(t) = bearer {
+            rb = rb.bearer_auth(t);
+        }
+        assert_eq!(rb.send().await.unwrap().status(), 401, "{bearer:?}");
+    }
+
+    // Heartbeats keep it live past the timeout; a Core restart changes nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    the_node(&c, &core, "live", &node.url()).await;
+    core.kill9();
+    let core = Server::start_on(&dir.path().join("core"), port, &["--node-timeout", "2"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    the_node(&c, &core, "live", &node.url()).await;
+
+    // Stopped, it is lost and still listed; restarted on its data directory it is the same
+    // node at its new address.
+    let old_address = node.url();
+    node.kill9();
+    let lost = the_node(&c, &core, "lost", &old_address).await;
+    assert_eq!(lost["id"], id);
+    let node = Node::start(&core, &token, &dir.path().join("node"));
+    let back = the_node(&c, &core, "live", &node.url()).await;
+    assert_eq!(back["id"], id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_refuses_what_is_not_a_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = Server::start(dir.path(), &[]);
+    let c = http();
+    let token = node_token(&c, &core).await;
+    let register = |body: Value| {
+        c.post(format!("{}/v1/nodes", core.url))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+    };
+    for (body, why) in [
+        (
+            json!({"address": "ftp://x", "version": "1"}),
+            "not an http URL",
+        ),
+        (
+            json!({"id": "../../etc", "address": "http://127.0.0.1:1", "version": "1"}),
+            "an id Core never assigned",
+        ),
+    ] {
+        let r = register(body).await.unwrap();
+        assert_eq!(r.status(), 400, "{why}");
+    }
+    let r = c
+        .post(format!(
+            "{}/v1/nodes/0123456789abcdef0123456789abcdef/heartbeat",
+            core.url
+        ))
+        .bearer_auth(&token)
+        .json(&json!({"load": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        404,
+        "a heartbeat of an unknown node: register again"
+    );
+    // A workspace token for a node role is refused at minting.
+    let r = c
+        .post(format!("{}/v1/admin/tokens", core.url))
+        .bearer_auth(ADMIN)
+        .json(&json!({"workspace": "acme", "role": "node"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
