@@ -175,7 +175,7 @@ impl Registry {
         let meta = MetaStore::connect(&url).await.map_err(|e| {
             tracing::debug!(error = ?e, "the metadata database does not answer");
             RegistryError::Unusable(format!(
-                "the metadata database {} does not answer: {} (is it running, are the URL and credentials right?)",
+                "the metadata database {} cannot be used: {} (is it running, are the URL and credentials right?)",
                 meta::redacted_url(&url),
                 e.one_line()
             ))

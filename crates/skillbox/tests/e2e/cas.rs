@@ -18,7 +18,7 @@ async fn sixteen_publishers_two_processes_one_winner() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixteen_publishers_two_servers_on_postgres_one_winner() {
+async fn sixteen_publishers_two_servers_on_postgres_and_s3_one_winner() {
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = scale_out_pair(dir.path());
     sixteen_publishers_one_winner(&a, &b).await;
