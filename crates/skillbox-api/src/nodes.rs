@@ -64,3 +64,35 @@ pub struct NodeView {
 pub struct NodeList {
     pub nodes: Vec<NodeView>,
 }
+
+/// A package an execution on a node mounts: where, and which revision tree by digest (the node
+/// fetches it from Core and verifies it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeMount {
+    pub target: String,
+    pub digest: String,
+}
+
+/// `POST /v1/node/exec` (Core → node, with Core's secret): one execution in a run's sandbox.
+/// Core has checked the run, its pins and the request; the node prepares the packages and runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeExec {
+    pub sandbox_id: String,
+    pub mounts: Vec<NodeMount>,
+    /// The mount target whose dependency environment is activated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_of: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    pub cwd: String,
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    pub timeout_ms: u64,
+    /// Answer NDJSON lines ([`crate::ExecStreamLine`]) as the output comes.
+    #[serde(default)]
+    pub stream: bool,
+}

@@ -95,6 +95,10 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// `serve --box remote`: place a fresh sandbox on another live node, with the same pins
+    /// (after `sandbox_lost`). The old sandbox's workspace is not carried over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_sandbox: bool,
 }
 
 /// `?stream=true` answers NDJSON ([`ExecStreamLine`]).
@@ -127,6 +131,9 @@ pub struct ExecPackage {
 pub struct ExecAnswer {
     pub sandbox_id: String,
     pub backend: String,
+    /// `serve --box remote`: the node the run's sandbox is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     pub packages: Vec<ExecPackage>,
     pub outcome: ExecOutcome,
     pub exit_code: Option<i32>,

@@ -96,6 +96,73 @@ impl Registry {
     }
 }
 
+/// Where a run's sandbox is, for an execution through `serve --box remote`.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// On this live node (its address and Core's secret for it).
+    On(NodeRow),
+    /// On this node, which is lost: the sandbox with its workspace is gone.
+    Lost(String),
+    /// Nowhere yet and no live node to place it on.
+    NoLiveNode,
+}
+
+impl Registry {
+    /// The node of run `run_id`'s sandbox: where it was placed, or — at its first execution,
+    /// or when a new sandbox is asked for — the least loaded live node.
+    pub async fn placement(
+        &self,
+        run_id: &str,
+        new_sandbox: bool,
+        node_timeout: Duration,
+    ) -> Result<Placement> {
+        let now = now_ms();
+        let timeout = node_timeout.as_millis() as i64;
+        let nodes = self.meta.nodes().await?;
+        let live = |n: &NodeRow| now - n.last_heartbeat <= timeout;
+        let current = self.meta.placement(run_id).await?;
+        if let Some(placed) = &current
+            && !new_sandbox
+        {
+            return Ok(match nodes.into_iter().find(|n| &n.id == placed) {
+                Some(n) if live(&n) => Placement::On(n),
+                _ => Placement::Lost(placed.clone()),
+            });
+        }
+        // Least loaded first; a new sandbox goes elsewhere than the lost one when it can.
+        let mut candidates: Vec<NodeRow> = nodes.into_iter().filter(live).collect();
+        candidates.sort_by_key(|n| (current.as_ref() == Some(&n.id), n.load, n.id.clone()));
+        let Some(best) = candidates.first().cloned() else {
+            return Ok(Placement::NoLiveNode);
+        };
+        let chosen = if new_sandbox {
+            self.meta.replace_placement(run_id, &best.id).await?;
+            best.id.clone()
+        } else {
+            self.meta.place_run(run_id, &best.id).await?
+        };
+        Ok(match candidates.into_iter().find(|n| n.id == chosen) {
+            Some(n) => Placement::On(n),
+            None => Placement::Lost(chosen),
+        })
+    }
+
+    /// The deterministic archive of the revision tree `digest`, for a node: only a digest that
+    /// a run placed on a node has pinned.
+    pub async fn archive_for_node(&self, digest: &str) -> Result<Vec<u8>> {
+        let parsed: skillbox_package::Digest = digest
+            .parse()
+            .map_err(|_| RegistryError::BadRequest(format!("{digest:?} is not a digest")))?;
+        if !self.meta.digest_pinned_by_a_placed_run(digest).await? {
+            return Err(RegistryError::NotFound(format!(
+                "no run placed on a node pins {digest}"
+            )));
+        }
+        let manifest = self.manifest(&parsed).await?;
+        self.tar_of(&parsed, &manifest).await
+    }
+}
+
 fn is_node_id(id: &str) -> bool {
     id.len() == 32
         && id

@@ -223,8 +223,18 @@ impl Registry {
 
     /// The deterministic tar of a revision.
     pub async fn archive(&self, view: &RevisionView) -> Result<Vec<u8>> {
-        let tree = self.tree(&view.digest, &view.manifest).await?;
-        let manifest = view.manifest.clone();
+        self.tar_of(&view.digest, &view.manifest).await
+    }
+
+    /// The deterministic tar of the revision tree `digest` (built from the store if this
+    /// server's cache lacks it).
+    pub(crate) async fn tar_of(
+        &self,
+        digest: &Digest,
+        manifest: &Arc<Manifest>,
+    ) -> Result<Vec<u8>> {
+        let tree = self.tree(digest, manifest).await?;
+        let manifest = manifest.clone();
         tokio::task::spawn_blocking(move || {
             skillbox_package::write::write_tar(
                 Vec::new(),

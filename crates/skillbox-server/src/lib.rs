@@ -20,6 +20,7 @@ pub mod extract;
 pub mod metrics;
 pub mod node;
 pub mod openapi;
+pub mod remote;
 pub mod routes;
 pub mod sandbox;
 
@@ -66,8 +67,10 @@ impl Default for ConnectionLimits {
 
 pub struct AppState {
     pub registry: Arc<Registry>,
-    /// The sandbox runtime; `None` with `--box none`.
+    /// The sandbox runtime; `None` with `--box none` and `--box remote`.
     pub sandbox: Option<Arc<skillbox_box::BoxRuntime>>,
+    /// `--box remote`: executions go to execution nodes.
+    pub remote: Option<remote::RemoteBox>,
     pub cfg: ServerConfig,
     pub metrics: metrics::Metrics,
 }

@@ -2,17 +2,23 @@
 //! route but `/healthz` demands the secret Core handed out at the node's latest registration,
 //! so the node accepts requests from Core only.
 //!
-//! Executions on the node (`serve --box remote`) are not served yet: today a node registers,
-//! heartbeats and answers Core's identity check.
+//! `POST /v1/node/exec` runs one execution of a run placed here: every package is fetched from
+//! Core by digest (the deterministic archive), extracted into fresh staging, its manifest
+//! recomputed and compared with the digest Core named, made read-only and renamed into the
+//! node's tree cache only then; the box (always in copy mode on a node) copies and verifies it
+//! again into the sandbox before anything runs. A tree found in the cache after a restart is
+//! re-verified before its first use.
 
 use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiJson;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use skillbox_api::{ErrorCode, Health};
+use skillbox_api::{ErrorCode, Health, NodeExec};
+use skillbox_package::{Digest, Limits, Manifest};
 use skillbox_registry::auth::constant_time_eq;
 use std::sync::{Arc, RwLock};
 
@@ -34,22 +40,183 @@ pub struct NodeInfo {
     pub version: String,
 }
 
+/// Core as the node calls it: its URL and the node token.
+#[derive(Debug, Clone)]
+pub struct CoreLink {
+    pub url: String,
+    pub token: String,
+    pub http: reqwest::Client,
+}
+
+/// Everything the node's handlers use.
+#[derive(Clone)]
+pub struct NodeState {
+    pub identity: SharedIdentity,
+    pub runtime: Arc<skillbox_box::BoxRuntime>,
+    pub core: CoreLink,
+    pub layout: skillbox_registry::DataDir,
+    /// Trees verified since this process started (a tree left by an earlier one is checked
+    /// again before its first use).
+    verified: Arc<std::sync::Mutex<std::collections::HashMap<Digest, Arc<Manifest>>>>,
+}
+
+impl NodeState {
+    pub fn new(
+        identity: SharedIdentity,
+        runtime: Arc<skillbox_box::BoxRuntime>,
+        core: CoreLink,
+        layout: skillbox_registry::DataDir,
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(layout.trees())?;
+        std::fs::create_dir_all(layout.staging())?;
+        Ok(NodeState {
+            identity,
+            runtime,
+            core,
+            layout,
+            verified: Default::default(),
+        })
+    }
+
+    /// The verified tree of `digest` and its manifest: from this node's cache, else fetched
+    /// from Core and verified.
+    async fn package(&self, digest: &Digest) -> ApiResult<(std::path::PathBuf, Arc<Manifest>)> {
+        let tree = self.layout.trees().join(digest.0.to_hex());
+        if let Some(m) = self
+            .verified
+            .lock()
+            .ok()
+            .and_then(|v| v.get(digest).cloned())
+            && tree.is_dir()
+        {
+            return Ok((tree, m));
+        }
+        if tree.is_dir() {
+            // Left by an earlier process: whole and unchanged, or gone.
+            let (t, d) = (tree.clone(), *digest);
+            let checked = tokio::task::spawn_blocking(move || recompute(&t, &d))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?;
+            match checked {
+                Ok(m) => return Ok((tree, self.remember(*digest, m))),
+                Err(why) => {
+                    tracing::warn!(%digest, why, "a prepared tree does not verify: fetched afresh");
+                    skillbox_package::staging::remove_tree(&tree)
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                }
+            }
+        }
+        let url = format!("{}/v1/nodes/archives/{digest}", self.core.url);
+        let unavailable = |why: String| {
+            ApiError::new(
+                ErrorCode::BoxUnavailable,
+                format!("the node cannot fetch package {digest} from Core: {why}"),
+            )
+        };
+        let answer = self
+            .core
+            .http
+            .get(&url)
+            .bearer_auth(&self.core.token)
+            .send()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        if !answer.status().is_success() {
+            return Err(unavailable(format!("Core answered {}", answer.status())));
+        }
+        let tar = answer
+            .bytes()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let (staging_root, d, dest) = (self.layout.staging(), *digest, tree.clone());
+        let built = tokio::task::spawn_blocking(move || build_tree(&staging_root, &tar, &d, &dest))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let manifest = built.map_err(unavailable)?;
+        Ok((tree, self.remember(*digest, manifest)))
+    }
+
+    fn remember(&self, digest: Digest, manifest: Manifest) -> Arc<Manifest> {
+        let manifest = Arc::new(manifest);
+        if let Ok(mut v) = self.verified.lock() {
+            v.insert(digest, manifest.clone());
+        }
+        manifest
+    }
+}
+
+/// The manifest of the tree at `tree`, if its digest is `digest`.
+fn recompute(tree: &std::path::Path, digest: &Digest) -> Result<Manifest, String> {
+    let intake = skillbox_package::intake::scan_dir_raw(tree, &Limits::unbounded())
+        .map_err(|e| e.to_string())?;
+    let manifest = Manifest::new(intake.files).map_err(|e| e.to_string())?;
+    if manifest.digest() != *digest {
+        return Err(format!("its digest is {}", manifest.digest()));
+    }
+    Ok(manifest)
+}
+
+/// Extracts `tar` into fresh staging, checks it is exactly `digest`, makes it read-only and
+/// renames it to `dest`: a partial or corrupt transfer never lands.
+fn build_tree(
+    staging_root: &std::path::Path,
+    tar: &[u8],
+    digest: &Digest,
+    dest: &std::path::Path,
+) -> Result<Manifest, String> {
+    use skillbox_package::write::{DirWriteOptions, finish_tree};
+    let staging =
+        skillbox_package::StagingDir::new_in(staging_root, "fetch-").map_err(|e| e.to_string())?;
+    let root = staging.path().join("t");
+    std::fs::create_dir(&root).map_err(|e| e.to_string())?;
+    let intake = skillbox_package::intake::extract_tar(tar, false, &root, &Limits::unbounded())
+        .map_err(|e| e.to_string())?;
+    if !intake.complete || !intake.problems.is_empty() {
+        return Err("the archive is incomplete or malformed".into());
+    }
+    let manifest = Manifest::new(intake.files).map_err(|e| e.to_string())?;
+    if manifest.digest() != *digest {
+        return Err(format!(
+            "the archive is {}, not the package asked for",
+            manifest.digest()
+        ));
+    }
+    finish_tree(
+        &root,
+        DirWriteOptions {
+            read_only: true,
+            sync: false,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    match staging.commit(Some(std::path::Path::new("t")), dest) {
+        Ok(()) => Ok(manifest),
+        // Another execution fetched the same package meanwhile: identical.
+        Err(_) if dest.is_dir() => Ok(manifest),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Serves Core's calls on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    identity: SharedIdentity,
+    state: NodeState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(identity))
+    axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await
 }
 
 /// The node's router.
-pub fn router(identity: SharedIdentity) -> Router {
-    let from_core = Router::new().route("/v1/node", get(info)).route_layer(
-        axum::middleware::from_fn_with_state(identity.clone(), only_core),
-    );
+pub fn router(state: NodeState) -> Router {
+    let from_core = Router::new()
+        .route("/v1/node", get(info))
+        .route("/v1/node/exec", axum::routing::post(exec))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.identity.clone(),
+            only_core,
+        ));
     Router::new()
         .route(
             "/healthz",
@@ -60,11 +227,62 @@ pub fn router(identity: SharedIdentity) -> Router {
             }),
         )
         .merge(from_core)
-        .with_state(identity)
+        .with_state(state)
 }
 
-async fn info(State(identity): State<SharedIdentity>) -> ApiResult<Json<NodeInfo>> {
-    let id = identity
+/// One execution of a run placed on this node, as Core forwards it.
+async fn exec(State(n): State<NodeState>, ApiJson(req): ApiJson<NodeExec>) -> ApiResult<Response> {
+    let mut mounts = Vec::with_capacity(req.mounts.len());
+    for m in &req.mounts {
+        let digest: Digest = m
+            .digest
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("{:?} is not a digest", m.digest)))?;
+        let (tree, manifest) = n.package(&digest).await?;
+        mounts.push(skillbox_box::Mount {
+            target: m.target.clone(),
+            source: tree,
+            manifest,
+            digest,
+        });
+    }
+    let program = match (req.argv, req.command) {
+        (Some(argv), None) if !argv.is_empty() => skillbox_box::Program::Argv(argv),
+        (None, Some(cmd)) => skillbox_box::Program::Shell(cmd),
+        _ => return Err(ApiError::bad_request("give exactly one of argv or command")),
+    };
+    let sandbox = skillbox_box::Sandbox {
+        id: req.sandbox_id.clone(),
+        workspace_dir: Some(n.layout.run_workspace(&req.sandbox_id)),
+        mounts,
+        binds: vec![],
+        environment_of: req.environment_of,
+        network: false,
+    };
+    let box_req = skillbox_box::ExecRequest {
+        program,
+        cwd: req.cwd,
+        env: req.env,
+        stdin: req.stdin.map(String::into_bytes),
+        timeout: std::time::Duration::from_millis(req.timeout_ms),
+        output_cap: crate::routes::exec::OUTPUT_CAP,
+        live: None,
+    };
+    let summary = crate::routes::exec::Summary {
+        sandbox_id: req.sandbox_id,
+        backend: n.runtime.backend.capabilities().backend.to_string(),
+        node: None,
+        packages: vec![],
+    };
+    Ok(
+        crate::routes::exec::run_in_box(n.runtime.clone(), sandbox, box_req, summary, req.stream)
+            .await,
+    )
+}
+
+async fn info(State(n): State<NodeState>) -> ApiResult<Json<NodeInfo>> {
+    let id = n
+        .identity
         .read()
         .map_err(|_| ApiError::internal("node identity lock poisoned"))?
         .id

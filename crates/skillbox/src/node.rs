@@ -4,7 +4,9 @@
 //! database), and serves Core — and only Core, by the secret of its latest registration — on
 //! `--listen`.
 //!
-//! In progress (issue 13): Core does not place executions on nodes yet (`serve --box remote`).
+//! Core (`serve --box remote`) places runs' sandboxes on nodes and forwards their executions;
+//! the node fetches packages by digest from Core and verifies them before anything runs
+//! (`skillbox_server::node`). Its box always copies packages in and verifies them again.
 
 use anyhow::Context;
 use skillbox_api::{HeartbeatAck, NodeHeartbeat, NodeRegistered, RegisterNode};
@@ -35,9 +37,8 @@ pub struct NodeArgs {
     /// Sandbox backend: bwrap or docker.
     #[arg(long = "box", env = "SKILLBOX_BOX", default_value = "bwrap")]
     pub box_backend: String,
-    /// Docker backend: the image sandboxes run in.
-    #[arg(long, env = "SKILLBOX_DOCKER_IMAGE")]
-    pub docker_image: Option<String>,
+    #[command(flatten)]
+    pub boxes: crate::serve::BoxArgs,
     /// Log format: text or json.
     #[arg(long, env = "SKILLBOX_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
@@ -49,10 +50,6 @@ pub fn run(a: NodeArgs) -> anyhow::Result<ExitCode> {
         matches!(a.box_backend.as_str(), "bwrap" | "docker"),
         "--box {:?}: a node runs sandboxes with bwrap or docker",
         a.box_backend
-    );
-    anyhow::ensure!(
-        a.box_backend != "docker" || a.docker_image.is_some(),
-        "--box docker needs --docker-image IMAGE"
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -76,6 +73,10 @@ pub fn run(a: NodeArgs) -> anyhow::Result<ExitCode> {
             id: known_id.unwrap_or_default(),
             secret: String::new(),
         }));
+        // A node always copies packages into its sandboxes and verifies them.
+        let runtime = crate::serve::choose_box(&layout, Some(&a.box_backend), true, &a.boxes)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("a node needs a sandbox backend"))?;
         let core = Core {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -83,13 +84,21 @@ pub fn run(a: NodeArgs) -> anyhow::Result<ExitCode> {
             url: a.core.trim_end_matches('/').to_string(),
             token: a.token.clone(),
         };
+        let link = skillbox_server::node::CoreLink {
+            url: core.url.clone(),
+            token: core.token.clone(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .build()?,
+        };
         let interval = core
             .register(&identity, &address, &layout)
             .await
             .context("registering with Core")?;
         tracing::info!(core = %core.url, address, id = %identity.read().map(|i| i.id.clone()).unwrap_or_default(), "node registered");
-        tokio::spawn(heartbeats(core, identity.clone(), address, layout, interval));
-        skillbox_server::node::serve(listener, identity, crate::serve::shutdown_signal()).await?;
+        let state = skillbox_server::node::NodeState::new(identity.clone(), runtime.clone(), link, layout.clone())?;
+        tokio::spawn(heartbeats(core, identity, address, layout, interval, runtime));
+        skillbox_server::node::serve(listener, state, crate::serve::shutdown_signal()).await?;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -143,12 +152,12 @@ impl Core {
         Ok(Duration::from_secs(registered.heartbeat_seconds.max(1)))
     }
 
-    async fn heartbeat(&self, id: &str) -> anyhow::Result<Option<Duration>> {
+    async fn heartbeat(&self, id: &str, load: u64) -> anyhow::Result<Option<Duration>> {
         let answer = self
             .http
             .post(format!("{}/v1/nodes/{id}/heartbeat", self.url))
             .bearer_auth(&self.token)
-            .json(&NodeHeartbeat { load: 0 })
+            .json(&NodeHeartbeat { load })
             .send()
             .await?;
         if answer.status() == reqwest::StatusCode::NOT_FOUND {
@@ -171,11 +180,13 @@ async fn heartbeats(
     address: String,
     layout: DataDir,
     mut interval: Duration,
+    runtime: Arc<skillbox_box::BoxRuntime>,
 ) {
     loop {
         tokio::time::sleep(interval).await;
         let id = identity.read().map(|i| i.id.clone()).unwrap_or_default();
-        match core.heartbeat(&id).await {
+        let load = runtime.executions.in_progress() as u64;
+        match core.heartbeat(&id, load).await {
             Ok(Some(next)) => interval = next,
             Ok(None) => match core.register(&identity, &address, &layout).await {
                 Ok(next) => {

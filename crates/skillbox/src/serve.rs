@@ -17,38 +17,16 @@ pub struct ServeArgs {
     /// Data directory: embedded SQLite, local content store, revision cache, admin token.
     #[arg(long, env = "SKILLBOX_DATA_DIR", default_value = "./skillbox-data")]
     pub data_dir: PathBuf,
-    /// Sandbox backend: bwrap, docker or none (default: bwrap when its probe passes, else none).
+    /// Sandbox backend: bwrap, docker, remote (executions on `skillbox node`s) or none
+    /// (default: bwrap when its probe passes, else none).
     #[arg(long = "box", env = "SKILLBOX_BOX")]
     pub box_backend: Option<String>,
     /// Copy packages into sandbox storage and verify them (instead of binding the revision
     /// cache read-only). Used when the executor cannot see the revision cache; forced in tests.
     #[arg(long, env = "SKILLBOX_BOX_COPY_MODE")]
     pub box_copy_mode: bool,
-    /// Dependency environments: a local directory of wheels pip installs from (no index, no
-    /// network). Skills with a requirements.txt get a virtualenv built from it.
-    #[arg(
-        long,
-        env = "SKILLBOX_DEPS_FIND_LINKS",
-        conflicts_with = "deps_index_url"
-    )]
-    pub deps_find_links: Option<PathBuf>,
-    /// Dependency environments: a package index URL (PEP 503) pip installs from; builds get
-    /// the network.
-    #[arg(long, env = "SKILLBOX_DEPS_INDEX_URL")]
-    pub deps_index_url: Option<String>,
-    /// Longest a dependency environment build may take, seconds.
-    #[arg(long, env = "SKILLBOX_DEPS_BUILD_TIMEOUT", default_value_t = 600)]
-    pub deps_build_timeout: u64,
-    /// Docker backend: the image sandboxes run in (needs sh, sleep, tar; python3 with venv and
-    /// pip for dependency environments).
-    #[arg(long, env = "SKILLBOX_DOCKER_IMAGE")]
-    pub docker_image: Option<String>,
-    /// Docker backend: the owner label of this server's containers and volumes (servers
-    /// sharing an engine use different owners).
-    #[arg(long, env = "SKILLBOX_DOCKER_OWNER", default_value = "skillbox")]
-    pub docker_owner: String,
     #[command(flatten)]
-    pub sandbox: SandboxArgs,
+    pub boxes: BoxArgs,
     /// Metadata database URL (sqlite://… or postgres://…); default: <data-dir>/skillbox.db.
     #[arg(long, env = "SKILLBOX_DATABASE_URL")]
     pub database_url: Option<String>,
@@ -92,6 +70,36 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "SKILLBOX_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+}
+
+/// How sandboxes are built: shared by `serve` and `node`.
+#[derive(clap::Args)]
+pub struct BoxArgs {
+    /// Dependency environments: a local directory of wheels pip installs from (no index, no
+    /// network). Skills with a requirements.txt get a virtualenv built from it.
+    #[arg(
+        long,
+        env = "SKILLBOX_DEPS_FIND_LINKS",
+        conflicts_with = "deps_index_url"
+    )]
+    pub deps_find_links: Option<PathBuf>,
+    /// Dependency environments: a package index URL (PEP 503) pip installs from; builds get
+    /// the network.
+    #[arg(long, env = "SKILLBOX_DEPS_INDEX_URL")]
+    pub deps_index_url: Option<String>,
+    /// Longest a dependency environment build may take, seconds.
+    #[arg(long, env = "SKILLBOX_DEPS_BUILD_TIMEOUT", default_value_t = 600)]
+    pub deps_build_timeout: u64,
+    /// Docker backend: the image sandboxes run in (needs sh, sleep, tar; python3 with venv and
+    /// pip for dependency environments).
+    #[arg(long, env = "SKILLBOX_DOCKER_IMAGE")]
+    pub docker_image: Option<String>,
+    /// Docker backend: the owner label of this server's containers and volumes (servers
+    /// sharing an engine use different owners).
+    #[arg(long, env = "SKILLBOX_DOCKER_OWNER", default_value = "skillbox")]
+    pub docker_owner: String,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
 }
 
 /// Sandbox limits shared by `serve` and `doctor` (which probes with them).
@@ -168,7 +176,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let sandbox = choose_box(&a).await?;
+        let sandbox = match a.box_backend.as_deref() {
+            // Executions go to execution nodes (`skillbox node`).
+            Some("remote") => None,
+            asked => choose_box(&DataDir::new(&a.data_dir), asked, a.box_copy_mode, &a.boxes).await?,
+        };
         std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
         let admin_token = admin_token(&DataDir::new(&a.data_dir))?;
         let limits = Limits { max_files: a.max_files, max_file_size: a.max_file_size, max_total_size: a.max_total_size, ..Limits::default() };
@@ -176,6 +188,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let registry = Registry::open(cfg).await.context("opening the registry")?;
         let state = Arc::new(AppState {
             registry,
+            remote: (a.box_backend.as_deref() == Some("remote")).then(skillbox_server::remote::RemoteBox::default),
             sandbox,
             cfg: ServerConfig {
                 admin_token,
@@ -226,9 +239,12 @@ pub fn bwrap_backend(
 
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.
-async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
-    let data_dir = DataDir::new(&a.data_dir);
-    let (asked, copy_mode) = (a.box_backend.as_deref(), a.box_copy_mode);
+pub(crate) async fn choose_box(
+    data_dir: &DataDir,
+    asked: Option<&str>,
+    copy_mode: bool,
+    a: &BoxArgs,
+) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
     let index = match (&a.deps_find_links, &a.deps_index_url) {
         (Some(dir), _) => skillbox_box::deps::PackageIndex::FindLinks(
             std::fs::canonicalize(dir)
@@ -242,7 +258,7 @@ async fn choose_box(a: &ServeArgs) -> anyhow::Result<Option<Arc<skillbox_box::Bo
         build_timeout: std::time::Duration::from_secs(a.deps_build_timeout),
     };
     let bwrap = || -> anyhow::Result<Arc<skillbox_box::BoxRuntime>> {
-        let b = bwrap_backend(&data_dir, &a.sandbox)?;
+        let b = bwrap_backend(data_dir, &a.sandbox)?;
         let ok = b.probe().map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(backend = "bwrap", "{ok}");
         let mut b = b;

@@ -65,3 +65,56 @@ impl MetaStore {
             .collect()
     }
 }
+
+impl MetaStore {
+    /// The node run `run_id`'s sandbox is on, placing it on `candidate` if it has none yet
+    /// (of concurrent first placements one wins, and all answer the winner).
+    pub async fn place_run(&self, run_id: &str, candidate: &str) -> Result<String> {
+        execute!(
+            &self.writer,
+            "INSERT INTO run_placements (run_id, node_id, placed_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (run_id) DO NOTHING",
+            run_id,
+            candidate,
+            now_ms()
+        );
+        self.placement(run_id)
+            .await?
+            .ok_or_else(|| RegistryError::broken("a placement vanished after it was made"))
+    }
+
+    /// The node run `run_id`'s sandbox is on, if it was placed.
+    pub async fn placement(&self, run_id: &str) -> Result<Option<String>> {
+        let row = sqlx::query("SELECT node_id FROM run_placements WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok(r.try_get(0)?)).transpose()
+    }
+
+    /// Moves run `run_id`'s sandbox to `node` (a new sandbox after the old one was lost).
+    pub async fn replace_placement(&self, run_id: &str, node: &str) -> Result<()> {
+        execute!(
+            &self.writer,
+            "INSERT INTO run_placements (run_id, node_id, placed_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (run_id) DO UPDATE SET node_id = $2, placed_at = $3",
+            run_id,
+            node,
+            now_ms()
+        );
+        Ok(())
+    }
+
+    /// Whether a live-or-not run placed on a node pins a revision with this digest (what a
+    /// node may fetch).
+    pub async fn digest_pinned_by_a_placed_run(&self, digest: &str) -> Result<bool> {
+        let row = sqlx::query(
+            "SELECT 1 FROM pins p JOIN run_placements rp ON rp.run_id = p.run_id \
+             WHERE p.digest = $1 LIMIT 1",
+        )
+        .bind(digest)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.is_some())
+    }
+}

@@ -110,3 +110,10 @@ CREATE TABLE IF NOT EXISTS nodes (
     load BIGINT NOT NULL,
     registered_at BIGINT NOT NULL,
     last_heartbeat BIGINT NOT NULL);
+
+-- Where a run's sandbox is (`serve --box remote`): one node per run, set at its first
+-- execution, moved only by an explicit new sandbox.
+CREATE TABLE IF NOT EXISTS run_placements (
+    run_id TEXT PRIMARY KEY,
+    node_id TEXT NOT NULL,
+    placed_at BIGINT NOT NULL);

@@ -12,17 +12,19 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use skillbox_api::ErrorCode;
-use skillbox_api::{ExecAnswer, ExecOutcome, ExecPackage, ExecQuery, ExecRequest, ExecStreamLine};
+pub(crate) use skillbox_api::{
+    ExecAnswer, ExecOutcome, ExecPackage, ExecQuery, ExecRequest, ExecStreamLine,
+};
 use skillbox_box::{ExecResult, Outcome, Program, StreamKind};
 use skillbox_registry::RegistryError;
 
 const MAX_TIMEOUT_MS: u64 = 600_000;
 const DEFAULT_TIMEOUT_MS: u64 = 60_000;
-const OUTPUT_CAP: usize = 1024 * 1024;
+pub(crate) const OUTPUT_CAP: usize = 1024 * 1024;
 
 /// What the kernel cannot take (a NUL ends a C string; `=` ends an environment name) is refused
 /// here, naming the field, instead of failing in the sandbox.
-fn check_request(body: &ExecRequest) -> ApiResult<()> {
+pub(crate) fn check_request(body: &ExecRequest) -> ApiResult<()> {
     let nul = |field: String| {
         Err(ApiError::bad_request(format!(
             "{field} contains a NUL byte, which no program can receive"
@@ -61,17 +63,6 @@ pub async fn exec(
 ) -> ApiResult<Response> {
     check_request(&body)?;
     let context = s.registry.exec_context(&ws, &run).await?;
-    let sandbox_rt = s.running_box()?;
-    let caps = sandbox_rt.backend.capabilities();
-    if context.run.require_immutable && !caps.immutable {
-        return Err(ApiError::new(
-            ErrorCode::BoxUnavailable,
-            format!(
-                "this run requires read-only packages and the {} backend cannot enforce them",
-                caps.backend
-            ),
-        ));
-    }
     let program = match (body.argv, body.command) {
         (Some(argv), None) if !argv.is_empty() => Program::Argv(argv),
         (None, Some(cmd)) => Program::Shell(cmd),
@@ -103,48 +94,100 @@ pub async fn exec(
         .clone()
         .or_else(|| skill_mount.clone())
         .unwrap_or_else(|| "/workspace".into());
+    let timeout_ms = body
+        .timeout_ms
+        .unwrap_or(DEFAULT_TIMEOUT_MS)
+        .clamp(1, MAX_TIMEOUT_MS);
+    let packages: Vec<ExecPackage> = context
+        .pinned
+        .iter()
+        .map(|p| ExecPackage {
+            skill: p.pin.skill.clone(),
+            revision: p.pin.revision,
+            digest: p.pin.digest.clone(),
+        })
+        .collect();
+    if s.remote.is_some() {
+        let node_exec = skillbox_api::NodeExec {
+            sandbox_id: run.clone(),
+            mounts: context
+                .pinned
+                .iter()
+                .map(|p| skillbox_api::NodeMount {
+                    target: p.mount_path(),
+                    digest: p.pin.digest.clone(),
+                })
+                .collect(),
+            environment_of: skill_mount,
+            argv: match &program {
+                Program::Argv(argv) => Some(argv.clone()),
+                Program::Shell(_) => None,
+            },
+            command: match program {
+                Program::Shell(cmd) => Some(cmd),
+                Program::Argv(_) => None,
+            },
+            cwd,
+            env: body.env,
+            stdin: body.stdin,
+            timeout_ms,
+            stream: q.stream,
+        };
+        return crate::remote::exec(&s, &run, node_exec, packages, body.new_sandbox).await;
+    }
+    let sandbox_rt = s.running_box()?;
+    let caps = sandbox_rt.backend.capabilities();
+    if context.run.require_immutable && !caps.immutable {
+        return Err(ApiError::new(
+            ErrorCode::BoxUnavailable,
+            format!(
+                "this run requires read-only packages and the {} backend cannot enforce them",
+                caps.backend
+            ),
+        ));
+    }
     let sandbox = s.run_sandbox(&run, &context, skill_mount)?;
-    let (live, chunks) = if q.stream {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        (Some(tx), Some(rx))
-    } else {
-        (None, None)
-    };
     let req = skillbox_box::ExecRequest {
         program,
         cwd,
         env: body.env,
         stdin: body.stdin.map(String::into_bytes),
-        timeout: std::time::Duration::from_millis(
-            body.timeout_ms
-                .unwrap_or(DEFAULT_TIMEOUT_MS)
-                .clamp(1, MAX_TIMEOUT_MS),
-        ),
+        timeout: std::time::Duration::from_millis(timeout_ms),
         output_cap: OUTPUT_CAP,
-        live,
+        live: None,
     };
     let summary = Summary {
         sandbox_id: run,
         backend: caps.backend.to_string(),
-        packages: context
-            .pinned
-            .iter()
-            .map(|p| ExecPackage {
-                skill: p.pin.skill.clone(),
-                revision: p.pin.revision,
-                digest: p.pin.digest.clone(),
-            })
-            .collect(),
+        node: None,
+        packages,
     };
-    let Some(chunks) = chunks else {
-        let result = finish(sandbox_rt.exec(&sandbox, req).await)?;
+    Ok(run_in_box(sandbox_rt, sandbox, req, summary, q.stream).await)
+}
+
+/// Runs `req` in `sandbox` on this process's box and answers: whole, or NDJSON lines as the
+/// output comes (`stream`). Core's local executions and an execution node's share it.
+pub(crate) async fn run_in_box(
+    sandbox_rt: std::sync::Arc<skillbox_box::BoxRuntime>,
+    sandbox: skillbox_box::Sandbox,
+    mut req: skillbox_box::ExecRequest,
+    summary: Summary,
+    stream: bool,
+) -> Response {
+    if !stream {
+        let result = match finish(sandbox_rt.exec(&sandbox, req).await) {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        };
         let stdout = String::from_utf8_lossy(&result.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&result.stderr).into_owned();
         let mut answer = summary.answer(&result);
         answer.stdout = Some(stdout);
         answer.stderr = Some(stderr);
-        return Ok(Json(answer).into_response());
-    };
+        return Json(answer).into_response();
+    }
+    let (tx, chunks) = tokio::sync::mpsc::unbounded_channel();
+    req.live = Some(tx);
     let running = tokio::spawn(async move { sandbox_rt.exec(&sandbox, req).await });
     let lines =
         futures_util::stream::unfold(Some((chunks, running, summary)), |state| async move {
@@ -167,14 +210,14 @@ pub async fn exec(
             };
             Some((Ok::<_, std::convert::Infallible>(ndjson(&line)), None))
         });
-    Ok((
+    (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
     )
-        .into_response())
+        .into_response()
 }
 
-fn ndjson(line: &ExecStreamLine) -> String {
+pub(crate) fn ndjson(line: &ExecStreamLine) -> String {
     let mut text = serde_json::to_string(line).unwrap_or_else(|e| {
         format!(r#"{{"type":"error","error":{{"code":"internal","message":"{e}"}}}}"#)
     });
@@ -183,10 +226,11 @@ fn ndjson(line: &ExecStreamLine) -> String {
 }
 
 /// What every answer of one execution says besides its result.
-struct Summary {
-    sandbox_id: String,
-    backend: String,
-    packages: Vec<ExecPackage>,
+pub(crate) struct Summary {
+    pub sandbox_id: String,
+    pub backend: String,
+    pub node: Option<String>,
+    pub packages: Vec<ExecPackage>,
 }
 
 impl Summary {
@@ -195,6 +239,7 @@ impl Summary {
         ExecAnswer {
             sandbox_id: self.sandbox_id.clone(),
             backend: self.backend.clone(),
+            node: self.node.clone(),
             packages: self.packages.clone(),
             outcome: match result.outcome {
                 Outcome::Exited => ExecOutcome::Exited,

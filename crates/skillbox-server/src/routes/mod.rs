@@ -6,7 +6,7 @@
 mod admin;
 mod drafts;
 mod events;
-mod exec;
+pub(crate) mod exec;
 mod nodes;
 mod ops;
 mod revisions;
@@ -123,6 +123,8 @@ pub static ROUTES: &[Route] = &[
         "A node registers {id?, address, version}: its id, Core's secret, the heartbeat interval."),
     route!(POST "/v1/nodes/{id}/heartbeat", Access::Node, nodes::heartbeat,
         "A node's heartbeat {load}."),
+    route!(GET "/v1/nodes/archives/{digest}", Access::Node, nodes::archive,
+        "The archive of a revision tree by digest, for a node whose runs pinned it."),
 ];
 
 /// The router of [`ROUTES`], each route behind its access check.

@@ -34,3 +34,18 @@ pub async fn list(State(s): State<SharedState>) -> ApiResult<Json<NodeList>> {
         nodes: s.registry.nodes(s.cfg.node_timeout).await?,
     }))
 }
+
+/// `GET /v1/nodes/archives/{digest}`: the deterministic archive of a revision tree that a run
+/// placed on a node has pinned (the node verifies it against the digest).
+pub async fn archive(
+    State(s): State<SharedState>,
+    ApiPath(digest): ApiPath<String>,
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let tar = s.registry.archive_for_node(&digest).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-tar")],
+        tar,
+    )
+        .into_response())
+}

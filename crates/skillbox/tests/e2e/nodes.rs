@@ -17,12 +17,17 @@ struct Node {
 
 impl Node {
     fn start(core: &Server, token: &str, data_dir: &Path) -> Node {
+        Self::start_with(core, token, data_dir, &[])
+    }
+
+    fn start_with(core: &Server, token: &str, data_dir: &Path, extra: &[&str]) -> Node {
         let port = free_port();
         let child = Command::new(bin())
             .args(["node", "--core", &core.url, "--token", token, "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
             .arg(data_dir)
+            .args(extra)
             .env("SKILLBOX_LOG", "warn")
             .stdout(Stdio::null())
             .spawn()
@@ -56,6 +61,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
+        release_workspace_mounts(&self.data_dir);
     }
 }
 
@@ -197,4 +203,169 @@ async fn registration_refuses_what_is_not_a_node() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = Server::start(
+        &dir.path().join("core"),
+        &["--box", "remote", "--node-timeout", "2"],
+    );
+    let c = http();
+    let token = node_token(&c, &core).await;
+    // Two nodes on one machine: sandbox uids from different pools.
+    let mut started = [
+        Node::start_with(
+            &core,
+            &token,
+            &dir.path().join("n1"),
+            &["--sandbox-uid-base", "2000000"],
+        ),
+        Node::start_with(
+            &core,
+            &token,
+            &dir.path().join("n2"),
+            &["--sandbox-uid-base", "2100000"],
+        ),
+    ];
+    for _ in 0..200 {
+        if nodes(&c, &core)
+            .await
+            .iter()
+            .filter(|n| n["state"] == "live")
+            .count()
+            == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &core, &["hello"]).await;
+    let (st, v) = exec(
+        &c,
+        &core,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh; echo mark > /workspace/m"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["stdout"].as_str(), v["backend"].as_str()),
+        (Some("I am v1\n"), Some("remote")),
+        "{v}"
+    );
+    let placed = v["node"].as_str().unwrap().to_string();
+
+    // v2 is published; the run still sees v1, on the same node, in the same workspace.
+    publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "hello",
+        1,
+        versioned("hello", "v2", &[]),
+    )
+    .await;
+    let (st, v) = exec(
+        &c,
+        &core,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh; cat /workspace/m"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["stdout"], "I am v1\nmark\n", "{v}");
+    assert_eq!(v["node"], placed.as_str());
+
+    // Streamed: the node's lines, and Core's exit line.
+    let r = c
+        .post(core.ws("acme", &format!("runs/{run}/exec?stream=true")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"skill": "hello", "command": "./scripts/run.sh"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["type"] == "stdout" && l["data"] == "I am v1\n"),
+        "{text}"
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(
+        (&last["type"], &last["backend"], &last["node"]),
+        (&json!("exit"), &json!("remote"), &json!(placed)),
+        "{text}"
+    );
+
+    // The node is lost: its run's sandbox is lost with it, said, not silently replaced.
+    let index = started
+        .iter()
+        .position(|n| {
+            std::fs::read_to_string(n.data_dir.join("node-id"))
+                .unwrap()
+                .trim()
+                == placed
+        })
+        .unwrap();
+    started[index].kill9();
+    the_node_state(&c, &core, &placed, "lost").await;
+    let (st, v) = exec(&c, &core, &run, json!({"command": "true"})).await;
+    assert_eq!((st, error_code(&v)), (410, "sandbox_lost"), "{v}");
+    assert_eq!(v["error"]["node"], placed.as_str(), "{v}");
+
+    // A fresh sandbox elsewhere, with the same pins and a blank workspace.
+    let (st, v) = exec(
+        &c,
+        &core,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh; ls /workspace", "new_sandbox": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_ne!(v["node"], placed.as_str());
+    assert_eq!(v["stdout"], "I am v1\n", "{v}");
+
+    // A new run sees the new current revision.
+    let fresh = new_run(&c, &core, &["hello"]).await;
+    let (st, v) = exec(
+        &c,
+        &core,
+        &fresh,
+        json!({"skill": "hello", "command": "./scripts/run.sh"}),
+    )
+    .await;
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v2\n")), "{v}");
+}
+
+async fn the_node_state(c: &reqwest::Client, core: &Server, id: &str, state: &str) {
+    for _ in 0..200 {
+        if nodes(c, core)
+            .await
+            .iter()
+            .any(|n| n["id"] == id && n["state"] == state)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("node {id} never became {state}");
 }

@@ -1,0 +1,162 @@
+//! `serve --box remote` (SPEC §7.3): a run's executions on an execution node. The run's
+//! sandbox is placed on the least loaded live node at its first execution (the placement is a
+//! row in the database, so every Core server routes the run alike); every later execution of
+//! the run goes to that node, which fetches the pinned packages from Core by digest, verifies
+//! them and runs. A placed node that is lost answers `sandbox_lost` (naming it) — never a
+//! silent re-run on a blank workspace elsewhere — until the client asks for `new_sandbox`.
+
+use crate::SharedState;
+use crate::error::{ApiError, ApiResult};
+use crate::routes::exec::{ExecPackage, ExecStreamLine, ndjson};
+use axum::Json;
+use axum::body::Body;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use skillbox_api::{ErrorCode, ErrorEnvelope, ExecAnswer, NodeExec};
+use skillbox_registry::nodes::Placement;
+
+/// Core's side of the nodes: the HTTP client it calls them with.
+#[derive(Debug, Clone)]
+pub struct RemoteBox {
+    http: reqwest::Client,
+}
+
+impl Default for RemoteBox {
+    fn default() -> Self {
+        RemoteBox {
+            // No overall timeout: an execution takes as long as its own timeout allows.
+            http: reqwest::Client::builder()
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Forwards one execution of run `run` to its node and answers as a local execution would,
+/// with `backend: "remote"` and the node's id.
+pub async fn exec(
+    s: &SharedState,
+    run: &str,
+    req: NodeExec,
+    packages: Vec<ExecPackage>,
+    new_sandbox: bool,
+) -> ApiResult<Response> {
+    let remote = s
+        .remote
+        .as_ref()
+        .ok_or_else(|| ApiError::internal("no remote box"))?;
+    let node = match s
+        .registry
+        .placement(run, new_sandbox, s.cfg.node_timeout)
+        .await?
+    {
+        Placement::On(node) => node,
+        Placement::Lost(node) => {
+            let mut e = ApiError::new(
+                ErrorCode::SandboxLost,
+                format!(
+                    "the sandbox of run {run} was on node {node}, which is lost; its workspace is gone. Ask for a fresh one with the same pins: exec {{\"new_sandbox\": true, ...}}"
+                ),
+            );
+            e.details.insert("node".into(), node.into());
+            return Err(e);
+        }
+        Placement::NoLiveNode => {
+            return Err(ApiError::new(
+                ErrorCode::BoxUnavailable,
+                "no live execution node (skillbox node) to run on: activation and reads work",
+            ));
+        }
+    };
+    let stream = req.stream;
+    let answer = remote
+        .http
+        .post(format!("{}/v1/node/exec", node.address))
+        .bearer_auth(&node.secret)
+        .json(&req)
+        .send()
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                ErrorCode::BoxUnavailable,
+                format!(
+                    "execution node {} at {} does not answer: {e}",
+                    node.id, node.address
+                ),
+            )
+        })?;
+    let status = answer.status();
+    if !status.is_success() {
+        let code = status.as_u16();
+        let body: Option<ErrorEnvelope> = answer.json().await.ok();
+        let error = body
+            .map(|b| b.error)
+            .unwrap_or_else(|| skillbox_api::ErrorBody {
+                code: "internal".into(),
+                message: format!("execution node {} answered {code}", node.id),
+                details: Default::default(),
+            });
+        let mut e = ApiError::new(
+            ErrorCode::parse(&error.code).unwrap_or(ErrorCode::Internal),
+            error.message,
+        );
+        e.details = error.details;
+        return Err(e);
+    }
+    let node_id = node.id.clone();
+    let dress = move |mut a: ExecAnswer| {
+        a.backend = "remote".into();
+        a.node = Some(node_id.clone());
+        a.packages = packages.clone();
+        a
+    };
+    if !stream {
+        let a: ExecAnswer = answer
+            .json()
+            .await
+            .map_err(|e| ApiError::internal(format!("execution node {}'s answer: {e}", node.id)))?;
+        return Ok((StatusCode::OK, Json(dress(a))).into_response());
+    }
+    // Line by line as the node sends them; the last (exit) line is Core's.
+    use futures_util::StreamExt;
+    let mut chunks = answer.bytes_stream();
+    let lines = async_stream_lines(move |tx| async move {
+        let mut buf = Vec::new();
+        while let Some(chunk) = chunks.next().await {
+            let Ok(chunk) = chunk else { break };
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=end).collect();
+                let out = match serde_json::from_slice::<ExecStreamLine>(&line) {
+                    Ok(ExecStreamLine::Exit(a)) => ndjson(&ExecStreamLine::Exit(dress(a))),
+                    Ok(other) => ndjson(&other),
+                    Err(_) => continue,
+                };
+                if tx.send(out).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+/// A stream of the strings `produce` sends, produced on a task of its own.
+fn async_stream_lines<F, Fut>(
+    produce: F,
+) -> impl futures_util::Stream<Item = Result<String, std::convert::Infallible>>
+where
+    F: FnOnce(tokio::sync::mpsc::UnboundedSender<String>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(produce(tx));
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (Ok(line), rx))
+    })
+}
