@@ -96,3 +96,11 @@ pub struct NodeExec {
     #[serde(default)]
     pub stream: bool,
 }
+
+/// `POST /v1/node/revoke` (Core → node): a revision was revoked. The node kills the executions
+/// that mount `target` and removes its prepared copies and its tree of `digest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRevoke {
+    pub target: String,
+    pub digest: String,
+}

@@ -73,15 +73,13 @@ impl Registry {
 
     /// Every node with its state now.
     pub async fn nodes(&self, node_timeout: Duration) -> Result<Vec<NodeView>> {
-        let now = now_ms();
-        let timeout = node_timeout.as_millis() as i64;
         Ok(self
             .meta
             .nodes()
             .await?
             .into_iter()
             .map(|n| NodeView {
-                state: if now - n.last_heartbeat <= timeout {
+                state: if n.is_live(node_timeout) {
                     NodeState::Live
                 } else {
                     NodeState::Lost
@@ -116,10 +114,8 @@ impl Registry {
         new_sandbox: bool,
         node_timeout: Duration,
     ) -> Result<Placement> {
-        let now = now_ms();
-        let timeout = node_timeout.as_millis() as i64;
         let nodes = self.meta.nodes().await?;
-        let live = |n: &NodeRow| now - n.last_heartbeat <= timeout;
+        let live = |n: &NodeRow| n.is_live(node_timeout);
         let current = self.meta.placement(run_id).await?;
         if let Some(placed) = &current
             && !new_sandbox

@@ -17,7 +17,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use skillbox_api::{ErrorCode, Health, NodeExec};
+use skillbox_api::{ErrorCode, Health, NodeExec, NodeRevoke};
 use skillbox_package::{Digest, Limits, Manifest};
 use skillbox_registry::auth::constant_time_eq;
 use std::sync::{Arc, RwLock};
@@ -213,6 +213,7 @@ pub fn router(state: NodeState) -> Router {
     let from_core = Router::new()
         .route("/v1/node", get(info))
         .route("/v1/node/exec", axum::routing::post(exec))
+        .route("/v1/node/revoke", axum::routing::post(revoke))
         .route_layer(axum::middleware::from_fn_with_state(
             state.identity.clone(),
             only_core,
@@ -278,6 +279,30 @@ async fn exec(State(n): State<NodeState>, ApiJson(req): ApiJson<NodeExec>) -> Ap
         crate::routes::exec::run_in_box(n.runtime.clone(), sandbox, box_req, summary, req.stream)
             .await,
     )
+}
+
+/// A revision was revoked: its executions here are killed, its copies removed.
+async fn revoke(
+    State(n): State<NodeState>,
+    ApiJson(req): ApiJson<NodeRevoke>,
+) -> ApiResult<Json<Health>> {
+    let killed = n.runtime.executions.kill_mounting(&req.target);
+    if let Err(e) = n.runtime.backend.discard(&req.target).await {
+        tracing::warn!(target = %req.target, error = %e, "cannot remove prepared copies of a revoked revision");
+    }
+    if let Ok(digest) = req.digest.parse::<Digest>() {
+        if let Ok(mut v) = n.verified.lock() {
+            v.remove(&digest);
+        }
+        let tree = n.layout.trees().join(digest.0.to_hex());
+        if let Err(e) = skillbox_package::staging::remove_tree(&tree) {
+            tracing::warn!(%digest, error = %e, "cannot remove the tree of a revoked revision");
+        }
+    }
+    tracing::warn!(target = %req.target, killed, "revision revoked");
+    Ok(Json(Health {
+        status: "ok".into(),
+    }))
 }
 
 async fn info(State(n): State<NodeState>) -> ApiResult<Json<NodeInfo>> {

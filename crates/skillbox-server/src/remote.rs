@@ -160,3 +160,52 @@ where
         rx.recv().await.map(|line| (Ok(line), rx))
     })
 }
+
+/// `--box remote`: every revocation (through this server or, on PostgreSQL, any server) is
+/// sent to every live node, which kills the executions mounting the revision and removes its
+/// copies.
+pub fn spawn_revocation_relay(state: SharedState) {
+    let Some(remote) = state.remote.clone() else {
+        return;
+    };
+    let mut rx = state.registry.subscribe_revocations();
+    tokio::spawn(async move {
+        loop {
+            let (skill_id, revision) = match rx.recv().await {
+                Ok(r) => r,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::error!(missed = n, "revocation notices lagged");
+                    continue;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            };
+            let digest = match state.registry.meta().revision(&skill_id, revision).await {
+                Ok(Some(r)) => r.digest,
+                _ => String::new(),
+            };
+            let notice = skillbox_api::NodeRevoke {
+                target: skillbox_registry::runs::mount_path(&skill_id, revision),
+                digest,
+            };
+            let rows = match state.registry.meta().nodes().await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot list nodes to relay a revocation");
+                    continue;
+                }
+            };
+            for row in rows.iter().filter(|r| r.is_live(state.cfg.node_timeout)) {
+                let sent = remote
+                    .http
+                    .post(format!("{}/v1/node/revoke", row.address))
+                    .bearer_auth(&row.secret)
+                    .json(&notice)
+                    .send()
+                    .await;
+                if let Err(e) = sent {
+                    tracing::warn!(node = %row.id, error = %e, "cannot tell a node of a revocation");
+                }
+            }
+        }
+    });
+}

@@ -209,6 +209,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let gc_every = (a.gc_interval > 0).then(|| std::time::Duration::from_secs(a.gc_interval));
         skillbox_server::spawn_upkeep(state.clone(), std::time::Duration::from_secs(5), gc_every);
         skillbox_server::spawn_revocation_killer(state.clone());
+        skillbox_server::remote::spawn_revocation_relay(state.clone());
         skillbox_server::serve(listener, state, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)

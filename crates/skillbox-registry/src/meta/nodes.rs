@@ -14,6 +14,13 @@ pub struct NodeRow {
     pub last_heartbeat: i64,
 }
 
+impl NodeRow {
+    /// Whether the node is live now: its last heartbeat is younger than `timeout`.
+    pub fn is_live(&self, timeout: std::time::Duration) -> bool {
+        now_ms() - self.last_heartbeat <= timeout.as_millis() as i64
+    }
+}
+
 const NODE_COLS: &str = "id, address, version, secret, load, registered_at, last_heartbeat";
 
 impl MetaStore {
@@ -105,12 +112,13 @@ impl MetaStore {
         Ok(())
     }
 
-    /// Whether a live-or-not run placed on a node pins a revision with this digest (what a
+    /// Whether a run placed on a node pins an available revision with this digest (what a
     /// node may fetch).
     pub async fn digest_pinned_by_a_placed_run(&self, digest: &str) -> Result<bool> {
         let row = sqlx::query(
             "SELECT 1 FROM pins p JOIN run_placements rp ON rp.run_id = p.run_id \
-             WHERE p.digest = $1 LIMIT 1",
+             JOIN revisions r ON r.skill_id = p.skill_id AND r.revision = p.revision \
+             WHERE p.digest = $1 AND r.state = 'available' LIMIT 1",
         )
         .bind(digest)
         .fetch_optional(&self.pool)

@@ -208,10 +208,9 @@ async fn registration_refuses_what_is_not_a_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
     let dir = tempfile::tempdir().unwrap();
-    let core = Server::start(
-        &dir.path().join("core"),
-        &["--box", "remote", "--node-timeout", "2"],
-    );
+    let core_port = free_port();
+    let core_args = ["--box", "remote", "--node-timeout", "2"];
+    let mut core = Server::start_on(&dir.path().join("core"), core_port, &core_args);
     let c = http();
     let token = node_token(&c, &core).await;
     // Two nodes on one machine: sandbox uids from different pools.
@@ -316,6 +315,58 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
         "{text}"
     );
 
+    // A Core restart loses no placement and no pin: the run goes on on its node.
+    core.kill9();
+    let core = Server::start_on(&dir.path().join("core"), core_port, &core_args);
+    let again = json!({"skill": "hello", "command": "./scripts/run.sh; cat /workspace/m"});
+    let (st, v) = exec(&c, &core, &run, again.clone()).await;
+    assert_eq!(
+        (st, v["stdout"].as_str()),
+        (200, Some("I am v1\nmark\n")),
+        "{v}"
+    );
+    assert_eq!(v["node"], placed.as_str());
+
+    // A node restart on its data directory keeps its identity, its runs' workspaces and pins;
+    // its prepared package is verified again before use.
+    let index = started
+        .iter()
+        .position(|n| {
+            std::fs::read_to_string(n.data_dir.join("node-id"))
+                .unwrap()
+                .trim()
+                == placed
+        })
+        .unwrap();
+    let node_dir = started[index].data_dir.clone();
+    let uid_base = if index == 0 { "2000000" } else { "2100000" };
+    started[index].kill9();
+    started[index] = Node::start_with(&core, &token, &node_dir, &["--sandbox-uid-base", uid_base]);
+    let new_address = started[index].url();
+    let mut registered_again = false;
+    for _ in 0..200 {
+        if nodes(&c, &core)
+            .await
+            .iter()
+            .any(|n| n["id"] == placed.as_str() && n["address"] == new_address.as_str())
+        {
+            registered_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        registered_again,
+        "the restarted node did not register its new address"
+    );
+    let (st, v) = exec(&c, &core, &run, again).await;
+    assert_eq!(
+        (st, v["stdout"].as_str()),
+        (200, Some("I am v1\nmark\n")),
+        "{v}"
+    );
+    assert_eq!(v["node"], placed.as_str());
+
     // The node is lost: its run's sandbox is lost with it, said, not silently replaced.
     let index = started
         .iter()
@@ -368,4 +419,73 @@ async fn the_node_state(c: &reqwest::Client, core: &Server, id: &str, state: &st
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("node {id} never became {state}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revocation_kills_the_revisions_executions_on_nodes_and_removes_its_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = Server::start(
+        &dir.path().join("core"),
+        &["--box", "remote", "--node-timeout", "5"],
+    );
+    let c = http();
+    let token = node_token(&c, &core).await;
+    let node = Node::start_with(
+        &core,
+        &token,
+        &dir.path().join("n1"),
+        &["--sandbox-uid-base", "2200000"],
+    );
+    the_node(&c, &core, "live", &node.url()).await;
+    let (_, published) = publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &core, &["hello"]).await;
+    let (st, v) = exec(
+        &c,
+        &core,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh"}),
+    )
+    .await;
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v1\n")), "{v}");
+    let tree = node.data_dir.join("trees").join(
+        published["digest"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("sha256:"),
+    );
+    assert!(tree.is_dir(), "the node keeps the verified package");
+
+    let running = spawn_exec(
+        &c,
+        &core,
+        &run,
+        json!({"skill": "hello", "command": "sleep 30", "timeout_ms": 60000}),
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let revoked_at = std::time::Instant::now();
+    revoke(&c, &core, "hello", 1, "leaked").await;
+    let (st, v) = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the execution ended")
+        .unwrap();
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
+    assert!(
+        revoked_at.elapsed() < Duration::from_secs(20),
+        "killed, not timed out"
+    );
+    assert!(
+        !tree.exists(),
+        "the node removed the revoked revision's tree"
+    );
+    let (st, v) = exec(&c, &core, &run, json!({"command": "true"})).await;
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
 }
