@@ -40,9 +40,11 @@ impl Role {
 pub enum Principal {
     /// The server's admin token: every workspace, every operation.
     ServerAdmin,
-    /// An execution node's token: registration, heartbeats and what nodes fetch; no
-    /// workspace's skills by name.
-    Node,
+    /// An execution node's token (its hash: the nodes registered with it are its own):
+    /// registration, heartbeats and what nodes fetch; no workspace's skills by name.
+    Node {
+        token_hash: String,
+    },
     Workspace {
         workspace: String,
         role: Role,
@@ -54,7 +56,7 @@ impl Principal {
     pub fn label(&self) -> String {
         match self {
             Principal::ServerAdmin => "admin".into(),
-            Principal::Node => "node".into(),
+            Principal::Node { .. } => "node".into(),
             Principal::Workspace { workspace, role } => format!("{workspace}:{}", role.as_str()),
         }
     }
@@ -119,7 +121,9 @@ impl Registry {
         }
         let principal = self.meta.token(&hash).await?.and_then(|(workspace, role)| {
             if role == NODE_ROLE {
-                return Some(Principal::Node);
+                return Some(Principal::Node {
+                    token_hash: hash.clone(),
+                });
             }
             Role::parse(&role).map(|role| Principal::Workspace { workspace, role })
         });

@@ -31,6 +31,9 @@ pub enum RegistryError {
     },
     #[error("{0}")]
     SkillNotAuthorized(String),
+    /// The caller may not do this (a node token speaking for another token's node).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0}")]
     NotActivated(String),
     #[error(
@@ -85,6 +88,7 @@ impl RegistryError {
             RegistryError::TooLarge(_) => ErrorCode::TooLarge,
             RegistryError::InvalidPackage { .. } => ErrorCode::InvalidPackage,
             RegistryError::SkillNotAuthorized(_) => ErrorCode::SkillNotAuthorized,
+            RegistryError::Forbidden(_) => ErrorCode::Forbidden,
             RegistryError::NotActivated(_) => ErrorCode::NotActivated,
             RegistryError::ActivationConflict { .. } => ErrorCode::ActivationConflict,
             RegistryError::PinnedRevisionUnavailable { .. } => ErrorCode::PinnedRevisionUnavailable,

@@ -21,6 +21,7 @@ impl Registry {
     /// fresh secret for Core's calls.
     pub async fn register_node(
         &self,
+        token_hash: &str,
         req: RegisterNode,
         node_timeout: Duration,
     ) -> Result<NodeRegistered> {
@@ -41,9 +42,11 @@ impl Registry {
         }
         let now = now_ms();
         let secret = generate_token();
-        self.meta
+        let registered = self
+            .meta
             .register_node(&NodeRow {
                 id: id.clone(),
+                token_hash: token_hash.to_string(),
                 address,
                 version: req.version,
                 secret: secret.clone(),
@@ -52,6 +55,11 @@ impl Registry {
                 last_heartbeat: now,
             })
             .await?;
+        if !registered {
+            return Err(RegistryError::Forbidden(format!(
+                "node {id} was registered with another node token"
+            )));
+        }
         Ok(NodeRegistered {
             id,
             secret,
@@ -61,9 +69,13 @@ impl Registry {
 
     /// Records a node's heartbeat; `not_found` for an identity Core does not know (the node
     /// should register again).
-    pub async fn node_heartbeat(&self, id: &str, load: u64) -> Result<()> {
+    pub async fn node_heartbeat(&self, token_hash: &str, id: &str, load: u64) -> Result<()> {
         let load = i64::try_from(load).unwrap_or(i64::MAX);
-        if !self.meta.node_heartbeat(id, load, now_ms()).await? {
+        if !self
+            .meta
+            .node_heartbeat(id, token_hash, load, now_ms())
+            .await?
+        {
             return Err(RegistryError::NotFound(format!(
                 "no node {id:?}: register again"
             )));
@@ -143,15 +155,19 @@ impl Registry {
         })
     }
 
-    /// The deterministic archive of the revision tree `digest`, for a node: only a digest that
-    /// a run placed on a node has pinned.
-    pub async fn archive_for_node(&self, digest: &str) -> Result<Vec<u8>> {
+    /// The deterministic archive of the revision tree `digest`, for a node of the node token
+    /// `token_hash`: only a digest that a run placed on one of its nodes has pinned.
+    pub async fn archive_for_node(&self, token_hash: &str, digest: &str) -> Result<Vec<u8>> {
         let parsed: skillbox_package::Digest = digest
             .parse()
             .map_err(|_| RegistryError::BadRequest(format!("{digest:?} is not a digest")))?;
-        if !self.meta.digest_pinned_by_a_placed_run(digest).await? {
+        if !self
+            .meta
+            .digest_pinned_on_nodes_of(token_hash, digest)
+            .await?
+        {
             return Err(RegistryError::NotFound(format!(
-                "no run placed on a node pins {digest}"
+                "no run placed on this node pins {digest}"
             )));
         }
         let manifest = self.manifest(&parsed).await?;

@@ -110,7 +110,7 @@ async fn authorize(
             }
         }
         Access::Node => {
-            if principal != Principal::Node {
+            if !matches!(principal, Principal::Node { .. }) {
                 return Err(ApiError::new(
                     ErrorCode::Forbidden,
                     "this needs a node token (POST /v1/admin/tokens {\"role\": \"node\"})",
@@ -118,7 +118,7 @@ async fn authorize(
             }
         }
         // A node reads no workspace by name.
-        Access::Workspace(_) if principal == Principal::Node => {
+        Access::Workspace(_) if matches!(principal, Principal::Node { .. }) => {
             return Err(ApiError::new(
                 ErrorCode::Forbidden,
                 "a node token cannot use workspace routes",

@@ -6,6 +6,8 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct NodeRow {
     pub id: String,
+    /// The node token it registered with: only that token speaks for it.
+    pub token_hash: String,
     pub address: String,
     pub version: String,
     pub secret: String,
@@ -21,37 +23,46 @@ impl NodeRow {
     }
 }
 
-const NODE_COLS: &str = "id, address, version, secret, load, registered_at, last_heartbeat";
+const NODE_COLS: &str =
+    "id, token_hash, address, version, secret, load, registered_at, last_heartbeat";
 
 impl MetaStore {
-    /// Records a registration: a new node, or a known one (same id) at its new address with
-    /// a new secret.
-    pub async fn register_node(&self, node: &NodeRow) -> Result<()> {
-        execute!(
+    /// Records a registration: a new node, or a known one (same id, same token) at its new
+    /// address with a new secret. False when the id belongs to another node token.
+    pub async fn register_node(&self, node: &NodeRow) -> Result<bool> {
+        let done = execute!(
             &self.writer,
-            "INSERT INTO nodes (id, address, version, secret, load, registered_at, last_heartbeat) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+            "INSERT INTO nodes (id, token_hash, address, version, secret, load, registered_at, last_heartbeat) \
+             VALUES ($1, $8, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (id) DO UPDATE SET address = $2, version = $3, secret = $4, load = $5, \
-             registered_at = $6, last_heartbeat = $7",
+             registered_at = $6, last_heartbeat = $7 WHERE nodes.token_hash = $8",
             node.id.as_str(),
             node.address.as_str(),
             node.version.as_str(),
             node.secret.as_str(),
             node.load,
             node.registered_at,
-            node.last_heartbeat
+            node.last_heartbeat,
+            node.token_hash.as_str()
         );
-        Ok(())
+        Ok(done.rows_affected() == 1)
     }
 
-    /// Records a heartbeat; false if no node has this id.
-    pub async fn node_heartbeat(&self, id: &str, load: i64, now: i64) -> Result<bool> {
+    /// Records a heartbeat; false if no node of this token has this id.
+    pub async fn node_heartbeat(
+        &self,
+        id: &str,
+        token_hash: &str,
+        load: i64,
+        now: i64,
+    ) -> Result<bool> {
         let done = execute!(
             &self.writer,
-            "UPDATE nodes SET load = $2, last_heartbeat = $3 WHERE id = $1",
+            "UPDATE nodes SET load = $2, last_heartbeat = $3 WHERE id = $1 AND token_hash = $4",
             id,
             load,
-            now
+            now,
+            token_hash
         );
         Ok(done.rows_affected() == 1)
     }
@@ -66,7 +77,7 @@ impl MetaStore {
         rows.iter()
             .map(|r| {
                 Ok(from_row!(r => NodeRow {
-                    id, address, version, secret, load, registered_at, last_heartbeat
+                    id, token_hash, address, version, secret, load, registered_at, last_heartbeat
                 }))
             })
             .collect()
@@ -112,15 +123,17 @@ impl MetaStore {
         Ok(())
     }
 
-    /// Whether a run placed on a node pins an available revision with this digest (what a
-    /// node may fetch).
-    pub async fn digest_pinned_by_a_placed_run(&self, digest: &str) -> Result<bool> {
+    /// Whether a run placed on a node of this node token pins an available revision with this
+    /// digest (what the token's nodes may fetch).
+    pub async fn digest_pinned_on_nodes_of(&self, token_hash: &str, digest: &str) -> Result<bool> {
         let row = sqlx::query(
             "SELECT 1 FROM pins p JOIN run_placements rp ON rp.run_id = p.run_id \
+             JOIN nodes n ON n.id = rp.node_id \
              JOIN revisions r ON r.skill_id = p.skill_id AND r.revision = p.revision \
-             WHERE p.digest = $1 AND r.state = 'available' LIMIT 1",
+             WHERE p.digest = $1 AND n.token_hash = $2 AND r.state = 'available' LIMIT 1",
         )
         .bind(digest)
+        .bind(token_hash)
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.is_some())

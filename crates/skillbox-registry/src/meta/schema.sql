@@ -101,9 +101,11 @@ CREATE TABLE IF NOT EXISTS pins (
 CREATE INDEX IF NOT EXISTS pins_revision ON pins (skill_id, revision);
 
 -- Execution nodes (SPEC §7.3): one row per node identity, updated at every registration (a
--- restarted node gives its new address and gets a new secret) and heartbeat.
+-- restarted node gives its new address and gets a new secret) and heartbeat. A node belongs
+-- to the node token it first registered with (`token_hash`).
 CREATE TABLE IF NOT EXISTS nodes (
     id TEXT PRIMARY KEY,
+    token_hash TEXT NOT NULL,
     address TEXT NOT NULL,
     version TEXT NOT NULL,
     secret TEXT NOT NULL,

@@ -92,7 +92,7 @@ pub async fn openapi() -> Json<serde_json::Value> {
 pub async fn whoami(State(s): State<SharedState>, caller: Caller) -> ApiResult<Json<WhoAmI>> {
     let (role, workspace) = match caller.0 {
         Principal::ServerAdmin => ("admin", None),
-        Principal::Node => ("node", None),
+        Principal::Node { .. } => ("node", None),
         Principal::Workspace { workspace, role } => (role.as_str(), Some(workspace)),
     };
     Ok(Json(WhoAmI {

@@ -194,6 +194,32 @@ async fn registration_refuses_what_is_not_a_node() {
         404,
         "a heartbeat of an unknown node: register again"
     );
+    // A node belongs to the node token it registered with.
+    let r = register(json!({"address": "http://127.0.0.1:1", "version": "1"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = node_token(&c, &core).await;
+    let r = c
+        .post(format!("{}/v1/nodes", core.url))
+        .bearer_auth(&other)
+        .json(&json!({"id": id, "address": "http://127.0.0.1:2", "version": "1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "another token's node");
+    let r = c
+        .post(format!("{}/v1/nodes/{id}/heartbeat", core.url))
+        .bearer_auth(&other)
+        .json(&json!({"load": 0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "a heartbeat for another token's node");
     // A workspace token for a node role is refused at minting.
     let r = c
         .post(format!("{}/v1/admin/tokens", core.url))
@@ -463,6 +489,20 @@ async fn a_revocation_kills_the_revisions_executions_on_nodes_and_removes_its_co
             .trim_start_matches("sha256:"),
     );
     assert!(tree.is_dir(), "the node keeps the verified package");
+    // Archives by digest: for the token whose node runs the run, and no other.
+    let archive = format!(
+        "{}/v1/nodes/archives/{}",
+        core.url,
+        published["digest"].as_str().unwrap()
+    );
+    let other = node_token(&c, &core).await;
+    for (who, t, expected) in [
+        ("its node", &token, 200),
+        ("another node token", &other, 404),
+    ] {
+        let r = c.get(&archive).bearer_auth(t).send().await.unwrap();
+        assert_eq!(r.status(), expected, "{who}");
+    }
 
     let running = spawn_exec(
         &c,
