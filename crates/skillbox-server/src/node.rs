@@ -214,6 +214,12 @@ pub fn router(state: NodeState) -> Router {
         .route("/v1/node", get(info))
         .route("/v1/node/exec", axum::routing::post(exec))
         .route("/v1/node/revoke", axum::routing::post(revoke))
+        .route(
+            "/v1/node/sandboxes/{id}/workspace",
+            axum::routing::put(import_workspace).get(export_workspace),
+        )
+        // Only Core gets here; packages and workspace transfers are as large as its limits.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .route_layer(axum::middleware::from_fn_with_state(
             state.identity.clone(),
             only_core,
@@ -231,8 +237,80 @@ pub fn router(state: NodeState) -> Router {
         .with_state(state)
 }
 
+/// A sandbox id as Core sends it (a run id): it names directories here.
+fn checked_sandbox_id(id: &str) -> ApiResult<&str> {
+    if !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        Ok(id)
+    } else {
+        Err(ApiError::bad_request(format!("{id:?} is not a sandbox id")))
+    }
+}
+
+/// The run's sandbox with no packages: for moving files in and out of its workspace.
+fn workspace_sandbox(n: &NodeState, id: &str) -> skillbox_box::Sandbox {
+    skillbox_box::Sandbox {
+        id: id.to_string(),
+        workspace_dir: Some(n.layout.run_workspace(id)),
+        mounts: vec![],
+        binds: vec![],
+        environment_of: None,
+        network: false,
+    }
+}
+
+fn transfer_dir(headers: &axum::http::HeaderMap) -> ApiResult<String> {
+    headers
+        .get(crate::remote::DIR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::bad_request("which workspace directory: x-skillbox-dir"))
+}
+
+/// Unpacks the body (a tar) into a new directory of the sandbox's workspace (a run draft).
+async fn import_workspace(
+    State(n): State<NodeState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    tar: axum::body::Bytes,
+) -> ApiResult<axum::http::StatusCode> {
+    let id = checked_sandbox_id(&id)?;
+    let dir = transfer_dir(&headers)?;
+    n.runtime
+        .import_tar(&workspace_sandbox(&n, id), &dir, tar.to_vec())
+        .await
+        .map_err(crate::sandbox::box_error)?;
+    Ok(axum::http::StatusCode::NO_CONTENT)
+}
+
+/// Packs a directory of the sandbox's workspace as a tar.
+async fn export_workspace(
+    State(n): State<NodeState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> ApiResult<Response> {
+    let id = checked_sandbox_id(&id)?;
+    let dir = transfer_dir(&headers)?;
+    let cap = headers
+        .get(crate::remote::CAP_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| ApiError::bad_request("how many bytes at most: x-skillbox-cap"))?;
+    let tar = n
+        .runtime
+        .export_tar(&workspace_sandbox(&n, id), &dir, cap)
+        .await
+        .map_err(crate::sandbox::box_error)?;
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response())
+}
+
 /// One execution of a run placed on this node, as Core forwards it.
 async fn exec(State(n): State<NodeState>, ApiJson(req): ApiJson<NodeExec>) -> ApiResult<Response> {
+    checked_sandbox_id(&req.sandbox_id)?;
     let mut mounts = Vec::with_capacity(req.mounts.len());
     for m in &req.mounts {
         let digest: Digest = m
@@ -253,12 +331,9 @@ async fn exec(State(n): State<NodeState>, ApiJson(req): ApiJson<NodeExec>) -> Ap
         _ => return Err(ApiError::bad_request("give exactly one of argv or command")),
     };
     let sandbox = skillbox_box::Sandbox {
-        id: req.sandbox_id.clone(),
-        workspace_dir: Some(n.layout.run_workspace(&req.sandbox_id)),
         mounts,
-        binds: vec![],
         environment_of: req.environment_of,
-        network: false,
+        ..workspace_sandbox(&n, &req.sandbox_id)
     };
     let box_req = skillbox_box::ExecRequest {
         program,

@@ -42,33 +42,8 @@ pub async fn exec(
     packages: Vec<ExecPackage>,
     new_sandbox: bool,
 ) -> ApiResult<Response> {
-    let remote = s
-        .remote
-        .as_ref()
-        .ok_or_else(|| ApiError::internal("no remote box"))?;
-    let node = match s
-        .registry
-        .placement(run, new_sandbox, s.cfg.node_timeout)
-        .await?
-    {
-        Placement::On(node) => node,
-        Placement::Lost(node) => {
-            let mut e = ApiError::new(
-                ErrorCode::SandboxLost,
-                format!(
-                    "the sandbox of run {run} was on node {node}, which is lost; its workspace is gone. Ask for a fresh one with the same pins: exec {{\"new_sandbox\": true, ...}}"
-                ),
-            );
-            e.details.insert("node".into(), node.into());
-            return Err(e);
-        }
-        Placement::NoLiveNode => {
-            return Err(ApiError::new(
-                ErrorCode::BoxUnavailable,
-                "no live execution node (skillbox node) to run on: activation and reads work",
-            ));
-        }
-    };
+    let remote = remote_box(s)?;
+    let node = node_for(s, run, new_sandbox).await?;
     let stream = req.stream;
     let answer = remote
         .http
@@ -86,23 +61,8 @@ pub async fn exec(
                 ),
             )
         })?;
-    let status = answer.status();
-    if !status.is_success() {
-        let code = status.as_u16();
-        let body: Option<ErrorEnvelope> = answer.json().await.ok();
-        let error = body
-            .map(|b| b.error)
-            .unwrap_or_else(|| skillbox_api::ErrorBody {
-                code: "internal".into(),
-                message: format!("execution node {} answered {code}", node.id),
-                details: Default::default(),
-            });
-        let mut e = ApiError::new(
-            ErrorCode::parse(&error.code).unwrap_or(ErrorCode::Internal),
-            error.message,
-        );
-        e.details = error.details;
-        return Err(e);
+    if !answer.status().is_success() {
+        return Err(node_error(&node, answer).await);
     }
     let node_id = node.id.clone();
     let dress = move |mut a: ExecAnswer| {
@@ -144,6 +104,138 @@ pub async fn exec(
         Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// The workspace directory a transfer is about (a header: the path is the caller's choice of
+/// characters, not a URL's).
+pub const DIR_HEADER: &str = "x-skillbox-dir";
+/// The most bytes a packed workspace directory may hold.
+pub const CAP_HEADER: &str = "x-skillbox-cap";
+
+fn remote_box(s: &SharedState) -> ApiResult<&RemoteBox> {
+    s.remote
+        .as_ref()
+        .ok_or_else(|| ApiError::internal("no remote box"))
+}
+
+/// The live node of run `run`'s sandbox (placing it at its first use, or afresh when
+/// `new_sandbox`): `sandbox_lost` when its node is lost, `box_unavailable` when no node is live.
+async fn node_for(
+    s: &SharedState,
+    run: &str,
+    new_sandbox: bool,
+) -> ApiResult<skillbox_registry::meta::NodeRow> {
+    match s
+        .registry
+        .placement(run, new_sandbox, s.cfg.node_timeout)
+        .await?
+    {
+        Placement::On(node) => Ok(node),
+        Placement::Lost(node) => {
+            let mut e = ApiError::new(
+                ErrorCode::SandboxLost,
+                format!(
+                    "the sandbox of run {run} was on node {node}, which is lost; its workspace is gone. Ask for a fresh one with the same pins: exec {{\"new_sandbox\": true, ...}}"
+                ),
+            );
+            e.details.insert("node".into(), node.into());
+            Err(e)
+        }
+        Placement::NoLiveNode => Err(ApiError::new(
+            ErrorCode::BoxUnavailable,
+            "no live execution node (skillbox node) to run on: activation and reads work",
+        )),
+    }
+}
+
+/// A node's refusal, as the client gets it: the node's error code and message.
+async fn node_error(
+    node: &skillbox_registry::meta::NodeRow,
+    answer: reqwest::Response,
+) -> ApiError {
+    let status = answer.status().as_u16();
+    let body: Option<ErrorEnvelope> = answer.json().await.ok();
+    let error = body
+        .map(|b| b.error)
+        .unwrap_or_else(|| skillbox_api::ErrorBody {
+            code: "internal".into(),
+            message: format!("execution node {} answered {status}", node.id),
+            details: Default::default(),
+        });
+    let mut e = ApiError::new(
+        ErrorCode::parse(&error.code).unwrap_or(ErrorCode::Internal),
+        error.message,
+    );
+    e.details = error.details;
+    e
+}
+
+fn unreachable(node: &skillbox_registry::meta::NodeRow, e: reqwest::Error) -> ApiError {
+    ApiError::new(
+        ErrorCode::BoxUnavailable,
+        format!(
+            "execution node {} at {} does not answer: {e}",
+            node.id, node.address
+        ),
+    )
+}
+
+/// Unpacks `tar` into `dir` (under `/workspace`) of run `run`'s sandbox on its node.
+pub async fn import_workspace(
+    s: &SharedState,
+    run: &str,
+    dir: &str,
+    tar: Vec<u8>,
+) -> ApiResult<()> {
+    let remote = remote_box(s)?;
+    let node = node_for(s, run, false).await?;
+    let answer = remote
+        .http
+        .put(format!(
+            "{}/v1/node/sandboxes/{run}/workspace",
+            node.address
+        ))
+        .header(DIR_HEADER, dir)
+        .bearer_auth(&node.secret)
+        .body(tar)
+        .send()
+        .await
+        .map_err(|e| unreachable(&node, e))?;
+    if !answer.status().is_success() {
+        return Err(node_error(&node, answer).await);
+    }
+    Ok(())
+}
+
+/// Packs `dir` (under `/workspace`) of run `run`'s sandbox on its node: at most `cap` bytes.
+pub async fn export_workspace(
+    s: &SharedState,
+    run: &str,
+    dir: &str,
+    cap: usize,
+) -> ApiResult<Vec<u8>> {
+    let remote = remote_box(s)?;
+    let node = node_for(s, run, false).await?;
+    let answer = remote
+        .http
+        .get(format!(
+            "{}/v1/node/sandboxes/{run}/workspace",
+            node.address
+        ))
+        .header(DIR_HEADER, dir)
+        .header(CAP_HEADER, cap.to_string())
+        .bearer_auth(&node.secret)
+        .send()
+        .await
+        .map_err(|e| unreachable(&node, e))?;
+    if !answer.status().is_success() {
+        return Err(node_error(&node, answer).await);
+    }
+    Ok(answer
+        .bytes()
+        .await
+        .map_err(|e| unreachable(&node, e))?
+        .to_vec())
 }
 
 /// A stream of the strings `produce` sends, produced on a task of its own.

@@ -12,14 +12,6 @@ use std::sync::Arc;
 impl AppState {
     /// The running box, or `box_unavailable` saying what still works.
     pub fn running_box(&self) -> ApiResult<Arc<BoxRuntime>> {
-        if self.remote.is_some() {
-            return self.sandbox.clone().ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::BoxUnavailable,
-                    "with --box remote, executions run on execution nodes; run drafts on nodes are not built yet",
-                )
-            });
-        }
         self.sandbox.clone().ok_or_else(|| {
             ApiError::new(
                 ErrorCode::BoxUnavailable,

@@ -132,15 +132,15 @@ pub async fn publish(
             // The draft's current files, read from the run's sandbox.
             s.registry.exec_context(&ws, run).await?;
             let cap = s.registry.config().limits.max_total_size as usize + 16 * 1024 * 1024;
-            let tar = s
-                .running_box()?
-                .export_tar(
-                    &s.workspace_sandbox(run),
-                    &skillbox_registry::drafts::run_draft_path(&id),
-                    cap,
-                )
-                .await
-                .map_err(box_error)?;
+            let dir = skillbox_registry::drafts::run_draft_path(&id);
+            let tar = if s.remote.is_some() {
+                crate::remote::export_workspace(&s, run, &dir, cap).await?
+            } else {
+                s.running_box()?
+                    .export_tar(&s.workspace_sandbox(run), &dir, cap)
+                    .await
+                    .map_err(box_error)?
+            };
             s.registry
                 .publish_run_draft(&ws, &id, tar, &caller.label())
                 .await
@@ -157,18 +157,25 @@ pub async fn create_in_run(
     ApiPath((ws, run)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<CreateRunDraft>,
 ) -> ApiResult<(StatusCode, Json<RunDraftCreated>)> {
-    let sandbox_rt = s.running_box()?;
+    let local = match &s.remote {
+        Some(_) => None,
+        None => Some(s.running_box()?),
+    };
     let (draft, tar) = s
         .registry
         .create_run_draft(&ws, &run, &body.skill, body.base_revision)
         .await?;
     let path = skillbox_registry::drafts::run_draft_path(&draft.id);
-    if let Err(e) = sandbox_rt
-        .import_tar(&s.workspace_sandbox(&run), &path, tar)
-        .await
-    {
+    let imported = match local {
+        Some(sandbox_rt) => sandbox_rt
+            .import_tar(&s.workspace_sandbox(&run), &path, tar)
+            .await
+            .map_err(box_error),
+        None => crate::remote::import_workspace(&s, &run, &path, tar).await,
+    };
+    if let Err(e) = imported {
         s.registry.delete_draft(&ws, &draft.id).await?;
-        return Err(box_error(e));
+        return Err(e);
     }
     Ok((
         StatusCode::CREATED,

@@ -341,6 +341,39 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
         "{text}"
     );
 
+    // A run draft lives in the run's sandbox on its node: made there from the current
+    // revision, edited by an execution there, published through Core from there.
+    let r = c
+        .post(core.ws("acme", &format!("runs/{run}/drafts")))
+        .bearer_auth(ADMIN)
+        .json(&json!({"skill": "hello", "base_revision": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let draft: Value = r.json().await.unwrap();
+    let path = draft["path"].as_str().unwrap();
+    let (st, v) = exec(
+        &c,
+        &core,
+        &run,
+        json!({"command": format!("printf '#!/bin/sh\\necho \"I am drafted\"\\n' > {path}/scripts/run.sh")}),
+    )
+    .await;
+    assert_eq!((st, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    let r = c
+        .post(core.ws(
+            "acme",
+            &format!("drafts/{}/publish", draft["draft_id"].as_str().unwrap()),
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let drafted: Value = r.json().await.unwrap();
+    assert_eq!(drafted["revision"], 3, "{drafted}");
+
     // A Core restart loses no placement and no pin: the run goes on on its node.
     core.kill9();
     let core = Server::start_on(&dir.path().join("core"), core_port, &core_args);
@@ -430,7 +463,11 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
         json!({"skill": "hello", "command": "./scripts/run.sh"}),
     )
     .await;
-    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v2\n")), "{v}");
+    assert_eq!(
+        (st, v["stdout"].as_str()),
+        (200, Some("I am drafted\n")),
+        "{v}"
+    );
 }
 
 async fn the_node_state(c: &reqwest::Client, core: &Server, id: &str, state: &str) {
