@@ -7,7 +7,8 @@
 //! recomputed and compared with the digest Core named, made read-only and renamed into the
 //! node's tree cache only then; the box (always in copy mode on a node) copies and verifies it
 //! again into the sandbox before anything runs. A tree found in the cache after a restart is
-//! re-verified before its first use.
+//! re-verified before its first use. (Fault tests arm `<data-dir>/staging/FAILPOINT` with
+//! `truncate` or `flip` to corrupt the next transfer.)
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
@@ -124,10 +125,21 @@ impl NodeState {
         if !answer.status().is_success() {
             return Err(unavailable(format!("Core answered {}", answer.status())));
         }
-        let tar = answer
+        let mut tar = answer
             .bytes()
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| unavailable(e.to_string()))?
+            .to_vec();
+        // Fault tests (the box's `failpoints` feature): a transfer cut short, or a byte of the
+        // first file's content changed on the way, must never land.
+        match skillbox_box::failpoint::Failpoint::in_dir(&self.layout.staging())
+            .take()
+            .as_deref()
+        {
+            Some("truncate") => tar.truncate(tar.len() / 2),
+            Some("flip") if tar.len() > 512 => tar[512] ^= 0x01,
+            _ => {}
+        }
         let (staging_root, d, dest) = (self.layout.staging(), *digest, tree.clone());
         let built = tokio::task::spawn_blocking(move || build_tree(&staging_root, &tar, &d, &dest))
             .await

@@ -566,3 +566,66 @@ async fn a_revocation_kills_the_revisions_executions_on_nodes_and_removes_its_co
     let (st, v) = exec(&c, &core, &run, json!({"command": "true"})).await;
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_or_corrupted_transfer_to_a_node_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = Server::start(
+        &dir.path().join("core"),
+        &["--box", "remote", "--node-timeout", "5"],
+    );
+    let c = http();
+    let token = node_token(&c, &core).await;
+    let node = Node::start_with(
+        &core,
+        &token,
+        &dir.path().join("n1"),
+        &["--sandbox-uid-base", "2300000"],
+    );
+    the_node(&c, &core, "live", &node.url()).await;
+    for fault in ["truncate", "flip"] {
+        let skill = format!("s-{fault}");
+        let (st, published) = publish(
+            &c,
+            &core,
+            ADMIN,
+            "acme",
+            &skill,
+            0,
+            versioned(&skill, "v1", &[]),
+        )
+        .await;
+        assert_eq!(st, 201, "{published}");
+        let run = new_run(&c, &core, &[&skill]).await;
+        std::fs::write(node.data_dir.join("staging/FAILPOINT"), fault).unwrap();
+        let body = json!({"skill": skill, "command": "./scripts/run.sh"});
+        let (st, v) = exec(&c, &core, &run, body.clone()).await;
+        assert_eq!(
+            (st, error_code(&v)),
+            (503, "box_unavailable"),
+            "{fault}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot fetch package"),
+            "{fault}: {v}"
+        );
+        let tree = node.data_dir.join("trees").join(
+            published["digest"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("sha256:"),
+        );
+        assert!(!tree.exists(), "{fault}: a bad transfer landed");
+        // The next attempt fetches afresh, whole.
+        let (st, v) = exec(&c, &core, &run, body).await;
+        assert_eq!(
+            (st, v["stdout"].as_str()),
+            (200, Some("I am v1\n")),
+            "{fault}: {v}"
+        );
+        assert!(tree.is_dir());
+    }
+}
