@@ -104,3 +104,10 @@ pub struct NodeRevoke {
     pub target: String,
     pub digest: String,
 }
+
+/// `POST /v1/node/sandboxes/{id}/release` (Core → node): whether the ended run's sandbox was
+/// released (false while an execution is still in progress in it; Core asks again later).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxReleased {
+    pub released: bool,
+}

@@ -121,7 +121,7 @@ pub fn spawn_upkeep(state: SharedState, sweep: Duration, gc_every: Option<Durati
                 Ok(n) => tracing::info!(runs = n, "leases expired"),
                 Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
             }
-            let released = s.release_sandboxes(None).await;
+            let released = s.release_sandboxes(None).await + remote::release_ended(&s).await;
             if released > 0 {
                 tracing::info!(sandboxes = released, "released the sandboxes of ended runs");
             }

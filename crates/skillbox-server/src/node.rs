@@ -230,6 +230,10 @@ pub fn router(state: NodeState) -> Router {
             "/v1/node/sandboxes/{id}/workspace",
             axum::routing::put(import_workspace).get(export_workspace),
         )
+        .route(
+            "/v1/node/sandboxes/{id}/release",
+            axum::routing::post(release),
+        )
         // Only Core gets here; packages and workspace transfers are as large as its limits.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .route_layer(axum::middleware::from_fn_with_state(
@@ -318,6 +322,21 @@ async fn export_workspace(
         .await
         .map_err(crate::sandbox::box_error)?;
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], tar).into_response())
+}
+
+/// The run ended: its sandbox (workspace, prepared copies) goes, unless an execution is still
+/// in progress in it.
+async fn release(
+    State(n): State<NodeState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> ApiResult<Json<skillbox_api::SandboxReleased>> {
+    let id = checked_sandbox_id(&id)?.to_string();
+    let (runtime, dir) = (n.runtime.clone(), n.layout.run_workspace(&id));
+    let released = tokio::task::spawn_blocking(move || runtime.release(&id, &dir))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(crate::sandbox::box_error)?;
+    Ok(Json(skillbox_api::SandboxReleased { released }))
 }
 
 /// One execution of a run placed on this node, as Core forwards it.

@@ -238,6 +238,67 @@ pub async fn export_workspace(
         .to_vec())
 }
 
+/// Asks the nodes of ended runs to release their sandboxes (workspace, prepared copies), and
+/// forgets each placement its node released; returns how many. A lost node keeps its
+/// placements until it is back.
+pub async fn release_ended(s: &SharedState) -> usize {
+    let Some(remote) = &s.remote else {
+        return 0;
+    };
+    let ended = match s
+        .registry
+        .meta()
+        .ended_placements(skillbox_registry::meta::now_ms())
+        .await
+    {
+        Ok(ended) => ended,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list ended runs' placements");
+            return 0;
+        }
+    };
+    if ended.is_empty() {
+        return 0;
+    }
+    let nodes = s.registry.meta().nodes().await.unwrap_or_default();
+    let mut released = 0;
+    for (run, node_id) in ended {
+        let Some(node) = nodes
+            .iter()
+            .find(|n| n.id == node_id && n.is_live(s.cfg.node_timeout))
+        else {
+            continue;
+        };
+        let answer = remote
+            .http
+            .post(format!("{}/v1/node/sandboxes/{run}/release", node.address))
+            .bearer_auth(&node.secret)
+            .send()
+            .await;
+        let done = match answer {
+            Ok(a) if a.status().is_success() => a
+                .json::<skillbox_api::SandboxReleased>()
+                .await
+                .is_ok_and(|r| r.released),
+            Ok(a) => {
+                tracing::warn!(%run, node = %node.id, status = %a.status(), "a node refused to release a sandbox");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(%run, node = %node.id, error = %e, "cannot ask a node to release a sandbox");
+                false
+            }
+        };
+        if done {
+            if let Err(e) = s.registry.meta().forget_placement(&run, &node.id).await {
+                tracing::warn!(%run, error = %e, "cannot forget a released placement");
+            }
+            released += 1;
+        }
+    }
+    released
+}
+
 /// A stream of the strings `produce` sends, produced on a task of its own.
 fn async_stream_lines<F, Fut>(
     produce: F,

@@ -123,6 +123,32 @@ impl MetaStore {
         Ok(())
     }
 
+    /// Placed runs that ended (finished, expired, or lease lapsed): (run id, node id), whose
+    /// sandboxes their nodes may release.
+    pub async fn ended_placements(&self, now: i64) -> Result<Vec<(String, String)>> {
+        let rows = sqlx::query(
+            "SELECT rp.run_id, rp.node_id FROM run_placements rp JOIN runs r ON r.id = rp.run_id \
+             WHERE r.state <> 'active' OR r.expires_at <= $1",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect()
+    }
+
+    /// Forgets a placement whose sandbox its node released.
+    pub async fn forget_placement(&self, run_id: &str, node_id: &str) -> Result<()> {
+        execute!(
+            &self.writer,
+            "DELETE FROM run_placements WHERE run_id = $1 AND node_id = $2",
+            run_id,
+            node_id
+        );
+        Ok(())
+    }
+
     /// Whether a run placed on a node of this node token pins an available revision with this
     /// digest (what the token's nodes may fetch).
     pub async fn digest_pinned_on_nodes_of(&self, token_hash: &str, digest: &str) -> Result<bool> {

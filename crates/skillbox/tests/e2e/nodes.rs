@@ -468,6 +468,33 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
         (200, Some("I am drafted\n")),
         "{v}"
     );
+    // The run ends: its node releases its sandbox (workspace image and mount).
+    let placed_on = v["node"].as_str().unwrap().to_string();
+    let node = started
+        .iter()
+        .find(|n| {
+            std::fs::read_to_string(n.data_dir.join("node-id"))
+                .unwrap()
+                .trim()
+                == placed_on
+        })
+        .unwrap();
+    let image = node.data_dir.join(format!("box/workspaces/{fresh}.ext4"));
+    assert!(image.exists(), "the run has a workspace on its node");
+    c.delete(core.ws("acme", &format!("runs/{fresh}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let mut released = false;
+    for _ in 0..300 {
+        if !image.exists() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(released, "the node kept the workspace of a finished run");
 }
 
 async fn the_node_state(c: &reqwest::Client, core: &Server, id: &str, state: &str) {
