@@ -142,7 +142,13 @@ impl Bwrap {
                 network: false,
             };
             let env = ExecRequest::shell("", Default::default()).environment(true);
+            // The probe runs as the box's own uid, which other sandboxes on the host may share
+            // (docker containers run as it too) and whose process count they may have filled:
+            // RLIMIT_NPROC counts every process of the uid, so the probe keeps the server's own
+            // limit instead of the sandboxes' (what it checks is that a sandbox can be built at
+            // all, not the limit).
             let mut args = self.wrapper_args();
+            args.retain(|a| !a.to_string_lossy().starts_with("--nproc="));
             args.extend(self.bwrap_args(&sandbox, "/", &env, self.uid));
             args.extend(
                 [

@@ -74,7 +74,7 @@ async fn nodes(c: &reqwest::Client, core: &Server) -> Vec<Value> {
 /// Waits until Core lists exactly one node in `state` at `address`; returns it.
 async fn the_node(c: &reqwest::Client, core: &Server, state: &str, address: &str) -> Value {
     let mut last = Vec::new();
-    for _ in 0..200 {
+    for _ in 0..600 {
         last = nodes(c, core).await;
         if let [n] = last.as_slice()
             && n["state"] == state
@@ -254,7 +254,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
             &["--sandbox-uid-base", "2100000"],
         ),
     ];
-    for _ in 0..200 {
+    for _ in 0..600 {
         if nodes(&c, &core)
             .await
             .iter()
@@ -403,7 +403,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
     started[index] = Node::start_with(&core, &token, &node_dir, &["--sandbox-uid-base", uid_base]);
     let new_address = started[index].url();
     let mut registered_again = false;
-    for _ in 0..200 {
+    for _ in 0..600 {
         if nodes(&c, &core)
             .await
             .iter()
@@ -498,7 +498,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
 }
 
 async fn the_node_state(c: &reqwest::Client, core: &Server, id: &str, state: &str) {
-    for _ in 0..200 {
+    for _ in 0..600 {
         if nodes(c, core)
             .await
             .iter()
