@@ -61,17 +61,21 @@ impl Docker {
         let Some(group) = pid else {
             return;
         };
-        // A member may fork while we look: look again until none is left (bounded).
-        for _ in 0..5 {
+        // A member may fork while we look (a fork bomb does nothing else): stop every member
+        // first, so that none forks while the others are killed, and look again until none is
+        // left (bounded; a bomb is also held by the container's pids limit).
+        for _ in 0..200 {
             let members = group_members_in(group, container);
             if members.is_empty() {
                 return;
             }
-            for p in members {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(p),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
+            for signal in [
+                nix::sys::signal::Signal::SIGSTOP,
+                nix::sys::signal::Signal::SIGKILL,
+            ] {
+                for p in &members {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p), signal);
+                }
             }
         }
     }
