@@ -48,6 +48,14 @@ impl Node {
         node
     }
 
+    /// The identity Core gave this node (kept in its data directory).
+    fn id(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("node-id"))
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -388,15 +396,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
 
     // A node restart on its data directory keeps its identity, its runs' workspaces and pins;
     // its prepared package is verified again before use.
-    let index = started
-        .iter()
-        .position(|n| {
-            std::fs::read_to_string(n.data_dir.join("node-id"))
-                .unwrap()
-                .trim()
-                == placed
-        })
-        .unwrap();
+    let index = started.iter().position(|n| n.id() == placed).unwrap();
     let node_dir = started[index].data_dir.clone();
     let uid_base = if index == 0 { "2000000" } else { "2100000" };
     started[index].kill9();
@@ -427,15 +427,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
     assert_eq!(v["node"], placed.as_str());
 
     // The node is lost: its run's sandbox is lost with it, said, not silently replaced.
-    let index = started
-        .iter()
-        .position(|n| {
-            std::fs::read_to_string(n.data_dir.join("node-id"))
-                .unwrap()
-                .trim()
-                == placed
-        })
-        .unwrap();
+    let index = started.iter().position(|n| n.id() == placed).unwrap();
     started[index].kill9();
     the_node_state(&c, &core, &placed, "lost").await;
     let (st, v) = exec(&c, &core, &run, json!({"command": "true"})).await;
@@ -470,15 +462,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
     );
     // The run ends: its node releases its sandbox (workspace image and mount).
     let placed_on = v["node"].as_str().unwrap().to_string();
-    let node = started
-        .iter()
-        .find(|n| {
-            std::fs::read_to_string(n.data_dir.join("node-id"))
-                .unwrap()
-                .trim()
-                == placed_on
-        })
-        .unwrap();
+    let node = started.iter().find(|n| n.id() == placed_on).unwrap();
     let image = node.data_dir.join(format!("box/workspaces/{fresh}.ext4"));
     assert!(image.exists(), "the run has a workspace on its node");
     c.delete(core.ws("acme", &format!("runs/{fresh}")))
