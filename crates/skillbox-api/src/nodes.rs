@@ -111,3 +111,19 @@ pub struct NodeRevoke {
 pub struct SandboxReleased {
     pub released: bool,
 }
+
+/// A package a node may fetch ahead of use: the current revision of a skill that a live run
+/// placed on it has pinned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefetchPackage {
+    pub skill_id: String,
+    pub revision: i64,
+    pub digest: String,
+}
+
+/// `GET /v1/nodes/{id}/prefetch` (node → Core, SSE): each `prefetch` event carries the whole
+/// set, sent when the node connects and whenever Core's event log moves it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefetchSet {
+    pub packages: Vec<PrefetchPackage>,
+}

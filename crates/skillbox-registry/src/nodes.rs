@@ -7,7 +7,9 @@ use crate::Registry;
 use crate::auth::generate_token;
 use crate::error::{RegistryError, Result};
 use crate::meta::{NodeRow, new_id, now_ms};
-use skillbox_api::{NodeRegistered, NodeState, NodeView, RegisterNode};
+use skillbox_api::{
+    NodeRegistered, NodeState, NodeView, PrefetchPackage, PrefetchSet, RegisterNode,
+};
 use std::time::Duration;
 
 /// The heartbeat interval Core gives a node: a third of the timeout (at least a second), so
@@ -156,22 +158,46 @@ impl Registry {
     }
 
     /// The deterministic archive of the revision tree `digest`, for a node of the node token
-    /// `token_hash`: only a digest that a run placed on one of its nodes has pinned.
+    /// `token_hash`: only a digest that a run placed on one of its nodes has pinned, or the
+    /// current revision of a skill such a live run pinned (prefetch).
     pub async fn archive_for_node(&self, token_hash: &str, digest: &str) -> Result<Vec<u8>> {
         let parsed: skillbox_package::Digest = digest
             .parse()
             .map_err(|_| RegistryError::BadRequest(format!("{digest:?} is not a digest")))?;
         if !self
             .meta
-            .digest_pinned_on_nodes_of(token_hash, digest)
+            .digest_fetchable_by_nodes_of(token_hash, digest, now_ms())
             .await?
         {
             return Err(RegistryError::NotFound(format!(
-                "no run placed on this node pins {digest}"
+                "no run placed on this node pins {digest} or a skill whose current revision it is"
             )));
         }
         let manifest = self.manifest(&parsed).await?;
         self.tar_of(&parsed, &manifest).await
+    }
+}
+
+impl Registry {
+    /// What node `node_id` (of the node token `token_hash`) may prefetch now.
+    pub async fn prefetch_set(&self, token_hash: &str, node_id: &str) -> Result<PrefetchSet> {
+        if !self.meta.node_of_token(token_hash, node_id).await? {
+            return Err(RegistryError::NotFound(format!(
+                "no node {node_id} of this node token: register first"
+            )));
+        }
+        let packages = self
+            .meta
+            .prefetch_set(node_id, now_ms())
+            .await?
+            .into_iter()
+            .map(|(skill_id, revision, digest)| PrefetchPackage {
+                skill_id,
+                revision,
+                digest,
+            })
+            .collect();
+        Ok(PrefetchSet { packages })
     }
 }
 

@@ -59,6 +59,68 @@ pub struct NodeState {
     /// Trees verified since this process started (a tree left by an earlier one is checked
     /// again before its first use).
     verified: Arc<std::sync::Mutex<std::collections::HashMap<Digest, Arc<Manifest>>>>,
+    /// Trees fetched ahead of use and not used yet.
+    prefetched: Arc<std::sync::Mutex<std::collections::HashSet<Digest>>>,
+    pub stats: Arc<NodeStats>,
+}
+
+/// The node's counters, at `GET /metrics`.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    pub executions: std::sync::atomic::AtomicU64,
+    /// Packages downloaded from Core and verified (for an execution or ahead of use).
+    pub fetches: std::sync::atomic::AtomicU64,
+    /// Transfers that failed verification or were cut: never used.
+    pub fetch_failures: std::sync::atomic::AtomicU64,
+    /// Packages fetched ahead of use because a skill's current revision moved.
+    pub prefetched: std::sync::atomic::AtomicU64,
+    /// Executions whose package was already there because it was prefetched.
+    pub prefetch_hits: std::sync::atomic::AtomicU64,
+}
+
+impl NodeStats {
+    fn bump(counter: &std::sync::atomic::AtomicU64) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut out = String::new();
+        for (name, help, value) in [
+            (
+                "skillbox_node_executions_total",
+                "Executions run on this node.",
+                &self.executions,
+            ),
+            (
+                "skillbox_node_package_fetches_total",
+                "Packages downloaded from Core and verified.",
+                &self.fetches,
+            ),
+            (
+                "skillbox_node_package_fetch_failures_total",
+                "Package transfers cut short or failing verification (never used).",
+                &self.fetch_failures,
+            ),
+            (
+                "skillbox_node_prefetched_total",
+                "Packages fetched ahead of use after a skill's current revision moved.",
+                &self.prefetched,
+            ),
+            (
+                "skillbox_node_prefetch_hits_total",
+                "Executions that found their package prefetched.",
+                &self.prefetch_hits,
+            ),
+        ] {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
+                value.load(Relaxed)
+            ));
+        }
+        out
+    }
 }
 
 impl NodeState {
@@ -76,7 +138,36 @@ impl NodeState {
             core,
             layout,
             verified: Default::default(),
+            prefetched: Default::default(),
+            stats: Default::default(),
         })
+    }
+
+    /// The verified tree of `digest` for an execution (counting a prefetch hit).
+    async fn package_for_exec(
+        &self,
+        digest: &Digest,
+    ) -> ApiResult<(std::path::PathBuf, Arc<Manifest>)> {
+        let package = self.package(digest).await?;
+        if self.prefetched.lock().is_ok_and(|mut p| p.remove(digest)) {
+            NodeStats::bump(&self.stats.prefetch_hits);
+        }
+        Ok(package)
+    }
+
+    /// Fetches and verifies `digest` ahead of use, unless the node has it already. A tree is
+    /// only ever added: pinned revisions' trees are never touched.
+    async fn prefetch(&self, digest: &Digest) -> ApiResult<()> {
+        let there = self.layout.trees().join(digest.0.to_hex()).is_dir();
+        if there {
+            return Ok(());
+        }
+        self.package(digest).await?;
+        if let Ok(mut p) = self.prefetched.lock() {
+            p.insert(*digest);
+        }
+        NodeStats::bump(&self.stats.prefetched);
+        Ok(())
     }
 
     /// The verified tree of `digest` and its manifest: from this node's cache, else fetched
@@ -107,6 +198,20 @@ impl NodeState {
                 }
             }
         }
+        match self.fetch(digest, &tree).await {
+            Ok(manifest) => {
+                NodeStats::bump(&self.stats.fetches);
+                Ok((tree, self.remember(*digest, manifest)))
+            }
+            Err(e) => {
+                NodeStats::bump(&self.stats.fetch_failures);
+                Err(e)
+            }
+        }
+    }
+
+    /// Downloads `digest` from Core and builds its verified tree at `tree`.
+    async fn fetch(&self, digest: &Digest, tree: &std::path::Path) -> ApiResult<Manifest> {
         let url = format!("{}/v1/nodes/archives/{digest}", self.core.url);
         let unavailable = |why: String| {
             ApiError::new(
@@ -140,12 +245,11 @@ impl NodeState {
             Some("flip") if tar.len() > 512 => tar[512] ^= 0x01,
             _ => {}
         }
-        let (staging_root, d, dest) = (self.layout.staging(), *digest, tree.clone());
+        let (staging_root, d, dest) = (self.layout.staging(), *digest, tree.to_path_buf());
         let built = tokio::task::spawn_blocking(move || build_tree(&staging_root, &tar, &d, &dest))
             .await
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        let manifest = built.map_err(unavailable)?;
-        Ok((tree, self.remember(*digest, manifest)))
+        built.map_err(unavailable)
     }
 
     fn remember(&self, digest: Digest, manifest: Manifest) -> Arc<Manifest> {
@@ -249,6 +353,16 @@ pub fn router(state: NodeState) -> Router {
                 })
             }),
         )
+        // Counters only, no tenant's data: open to the operator's scraper, as `/healthz` is.
+        .route(
+            "/metrics",
+            get(|State(n): State<NodeState>| async move {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    n.stats.render(),
+                )
+            }),
+        )
         .merge(from_core)
         .with_state(state)
 }
@@ -348,7 +462,7 @@ async fn exec(State(n): State<NodeState>, ApiJson(req): ApiJson<NodeExec>) -> Ap
             .digest
             .parse()
             .map_err(|_| ApiError::bad_request(format!("{:?} is not a digest", m.digest)))?;
-        let (tree, manifest) = n.package(&digest).await?;
+        let (tree, manifest) = n.package_for_exec(&digest).await?;
         mounts.push(skillbox_box::Mount {
             target: m.target.clone(),
             source: tree,
@@ -375,6 +489,7 @@ async fn exec(State(n): State<NodeState>, ApiJson(req): ApiJson<NodeExec>) -> Ap
         output_cap: crate::routes::exec::OUTPUT_CAP,
         live: None,
     };
+    NodeStats::bump(&n.stats.executions);
     let summary = crate::routes::exec::Summary {
         sandbox_id: req.sandbox_id,
         backend: n.runtime.backend.capabilities().backend.to_string(),
@@ -443,4 +558,60 @@ async fn only_core(State(identity): State<SharedIdentity>, req: Request, next: N
         .into_response();
     }
     next.run(req).await
+}
+
+/// Follows Core's prefetch stream for this node (`GET /v1/nodes/{id}/prefetch`) for as long as
+/// the node runs, fetching and verifying each package it names that the node lacks. Reconnects
+/// after Core restarts or the stream drops; a failed prefetch is only logged (the execution that
+/// needs the package fetches it then).
+pub async fn follow_prefetch(n: NodeState) {
+    loop {
+        let id = n.identity.read().map(|i| i.id.clone()).unwrap_or_default();
+        if !id.is_empty()
+            && let Err(e) = prefetch_stream(&n, &id).await
+        {
+            tracing::debug!(error = %e, "prefetch stream ended");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+async fn prefetch_stream(n: &NodeState, id: &str) -> Result<(), String> {
+    let mut answer = n
+        .core
+        .http
+        .get(format!("{}/v1/nodes/{id}/prefetch", n.core.url))
+        .bearer_auth(&n.core.token)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !answer.status().is_success() {
+        return Err(format!("Core answered {}", answer.status()));
+    }
+    let mut pending = Vec::new();
+    while let Some(chunk) = answer.chunk().await.map_err(|e| e.to_string())? {
+        pending.extend_from_slice(&chunk);
+        // SSE events end with a blank line; `data:` lines carry the set.
+        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+            let frame: Vec<u8> = pending.drain(..end + 2).collect();
+            let frame = String::from_utf8_lossy(&frame);
+            for data in frame.lines().filter_map(|l| l.strip_prefix("data:")) {
+                let Ok(set) = serde_json::from_str::<skillbox_api::PrefetchSet>(data.trim()) else {
+                    continue;
+                };
+                for p in set.packages {
+                    let Ok(digest) = p.digest.parse::<Digest>() else {
+                        continue;
+                    };
+                    match n.prefetch(&digest).await {
+                        Ok(()) => {
+                            tracing::debug!(%digest, skill = %p.skill_id, revision = p.revision, "prefetched")
+                        }
+                        Err(e) => tracing::warn!(%digest, error = %e.message, "prefetch failed"),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -97,6 +97,7 @@ pub fn run(a: NodeArgs) -> anyhow::Result<ExitCode> {
             .context("registering with Core")?;
         tracing::info!(core = %core.url, address, id = %identity.read().map(|i| i.id.clone()).unwrap_or_default(), "node registered");
         let state = skillbox_server::node::NodeState::new(identity.clone(), runtime.clone(), link, layout.clone())?;
+        tokio::spawn(skillbox_server::node::follow_prefetch(state.clone()));
         tokio::spawn(heartbeats(core, identity, address, layout, interval, runtime));
         skillbox_server::node::serve(listener, state, crate::serve::shutdown_signal()).await?;
         Ok(ExitCode::SUCCESS)

@@ -67,6 +67,16 @@ impl MetaStore {
         Ok(done.rows_affected() == 1)
     }
 
+    /// Whether node `id` belongs to the node token `token_hash`.
+    pub async fn node_of_token(&self, token_hash: &str, id: &str) -> Result<bool> {
+        let row = sqlx::query("SELECT 1 FROM nodes WHERE id = $1 AND token_hash = $2")
+            .bind(id)
+            .bind(token_hash)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
     /// Every node, by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>> {
         let rows = sqlx::query(AssertSqlSafe(format!(
@@ -149,9 +159,15 @@ impl MetaStore {
         Ok(())
     }
 
-    /// Whether a run placed on a node of this node token pins an available revision with this
-    /// digest (what the token's nodes may fetch).
-    pub async fn digest_pinned_on_nodes_of(&self, token_hash: &str, digest: &str) -> Result<bool> {
+    /// Whether a node of this node token may fetch `digest`: an available revision that a run
+    /// placed on one of its nodes pins, or the current revision of a skill such a live run has
+    /// pinned (what a node prefetches).
+    pub async fn digest_fetchable_by_nodes_of(
+        &self,
+        token_hash: &str,
+        digest: &str,
+        now: i64,
+    ) -> Result<bool> {
         let row = sqlx::query(
             "SELECT 1 FROM pins p JOIN run_placements rp ON rp.run_id = p.run_id \
              JOIN nodes n ON n.id = rp.node_id \
@@ -162,6 +178,47 @@ impl MetaStore {
         .bind(token_hash)
         .fetch_optional(&self.pool)
         .await?;
+        if row.is_some() {
+            return Ok(true);
+        }
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "{PREFETCH_SELECT} AND n.token_hash = $2 AND r.digest = $3 LIMIT 1"
+        )))
+        .bind(now)
+        .bind(token_hash)
+        .bind(digest)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.is_some())
     }
+
+    /// What node `node_id` may prefetch: the current available revision of every skill that a
+    /// live run placed on it has pinned, (skill id, revision, digest), ordered.
+    pub async fn prefetch_set(
+        &self,
+        node_id: &str,
+        now: i64,
+    ) -> Result<Vec<(String, i64, String)>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "{PREFETCH_SELECT} AND n.id = $2 ORDER BY r.skill_id"
+        )))
+        .bind(now)
+        .bind(node_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect()
+    }
 }
+
+/// Current available revisions of skills pinned by live placed runs (`$1` is now); the caller
+/// adds which node(s) from `$2` on.
+const PREFETCH_SELECT: &str = "SELECT DISTINCT r.skill_id, r.revision, r.digest FROM run_placements rp \
+     JOIN nodes n ON n.id = rp.node_id \
+     JOIN runs ru ON ru.id = rp.run_id \
+     JOIN pins p ON p.run_id = rp.run_id \
+     JOIN skills s ON s.id = p.skill_id \
+     JOIN revisions r ON r.skill_id = s.id AND r.revision = s.current_revision \
+     WHERE ru.state = 'active' AND ru.expires_at > $1 AND s.state = 'active' \
+     AND r.state = 'available'";

@@ -17,6 +17,20 @@ use std::time::Duration;
 const POLL: Duration = Duration::from_millis(500);
 const POLL_WHEN_TOLD: Duration = Duration::from_secs(5);
 
+/// Returns when the registry signals a change, or after the poll interval (changes that
+/// this process is not told of are found by asking again).
+pub(crate) async fn wait_for_change(
+    s: &SharedState,
+    changes: &mut tokio::sync::watch::Receiver<u64>,
+) {
+    let poll = if s.registry.hears_other_servers() {
+        POLL_WHEN_TOLD
+    } else {
+        POLL
+    };
+    let _ = tokio::time::timeout(poll, changes.changed()).await;
+}
+
 /// The event log as SSE, resuming after `?after=SEQ` (or `Last-Event-ID`).
 pub async fn stream(
     State(s): State<SharedState>,
@@ -64,14 +78,7 @@ pub async fn stream(
             {
                 Ok(batch) if !batch.is_empty() => st.pending.extend(batch),
                 Ok(_) if !st.follow => return None,
-                Ok(_) => {
-                    let poll = if st.s.registry.hears_other_servers() {
-                        POLL_WHEN_TOLD
-                    } else {
-                        POLL
-                    };
-                    let _ = tokio::time::timeout(poll, st.changes.changed()).await;
-                }
+                Ok(_) => wait_for_change(&st.s, &mut st.changes).await,
                 Err(e) => {
                     tracing::warn!(error = %e, "event stream query failed");
                     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -124,7 +124,9 @@ pub static ROUTES: &[Route] = &[
     route!(POST "/v1/nodes/{id}/heartbeat", Access::Node, nodes::heartbeat,
         "A node's heartbeat {load}."),
     route!(GET "/v1/nodes/archives/{digest}", Access::Node, nodes::archive,
-        "The archive of a revision tree by digest, for a node whose runs pinned it."),
+        "The archive of a revision tree by digest, for a node whose runs pinned it or whose live runs' skills have it current."),
+    route!(GET "/v1/nodes/{id}/prefetch", Access::Node, nodes::prefetch,
+        "Server-Sent Events: the node's prefetch set {packages: [{skill_id, revision, digest}]}, again whenever it moves."),
 ];
 
 /// The router of [`ROUTES`], each route behind its access check.

@@ -1,13 +1,15 @@
 //! The sandbox backends the end-to-end scenarios run under, and the scenarios every backend
-//! must pass, each written once: `backend_test!(scenario)` makes `scenario::bwrap` and
-//! `scenario::docker` (and, with execution nodes, the remote backend is one more line in the
-//! macro, defined in `main.rs`). What a scenario needs to see of a backend's insides (its prepared copies, its
-//! containers) is asked of [`Backend`], not written per backend in the scenario.
+//! must pass, each written once: `backend_test!(scenario)` (in `main.rs`) makes
+//! `scenario::bwrap`, `scenario::docker` and `scenario::remote` (Core with `--box remote` and a
+//! bwrap `skillbox node`). What a scenario needs to see of a backend's insides (its prepared
+//! copies, its containers, its workspaces) is asked of [`Backend`], not written per backend in
+//! the scenario.
 
 use crate::support::*;
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A sandbox backend as a test starts the server with it.
@@ -15,34 +17,133 @@ pub enum Backend {
     Bwrap,
     /// The Docker engine, with a unique owner label per test.
     Docker(Owner),
+    /// Core (`serve --box remote`) and one bwrap execution node of its own.
+    Remote(RemoteNode),
+}
+
+/// The execution node behind a `Backend::Remote` Core: started with Core's first start (with
+/// the scenario's sandbox arguments), in a directory of its own; kept across Core restarts.
+pub struct RemoteNode {
+    node: Mutex<Option<Node>>,
+    /// Nodes killed by a restart, kept (mounts and all, as `kill -9` leaves them) until the end.
+    killed: Mutex<Vec<Node>>,
+    args: Mutex<Vec<String>>,
+    token: Mutex<String>,
+    /// Declared last: removed after the nodes stopped.
+    dir: tempfile::TempDir,
+}
+
+impl RemoteNode {
+    pub fn new() -> RemoteNode {
+        RemoteNode {
+            node: Mutex::new(None),
+            killed: Mutex::new(Vec::new()),
+            args: Mutex::new(Vec::new()),
+            token: Mutex::new(String::new()),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("node")
+    }
+
+    /// Starts the node for `core` unless it runs; `extra` are the scenario's sandbox arguments.
+    fn ensure_started(&self, core: &Server, extra: &[&str]) {
+        let mut node = self.node.lock().unwrap();
+        if node.is_some() {
+            return;
+        }
+        let mut token = self.token.lock().unwrap();
+        if token.is_empty() {
+            *token = node_token_by_cli(&core.url);
+        }
+        let mut args = self.args.lock().unwrap();
+        if args.is_empty() {
+            // A node always copies and verifies: the flag is Core's business only.
+            *args = ["--box", "bwrap"]
+                .into_iter()
+                .chain(extra.iter().copied().filter(|a| *a != "--box-copy-mode"))
+                .map(str::to_string)
+                .collect();
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        *node = Some(Node::start_for(&core.url, &token, &self.data_dir(), &args));
+    }
+
+    /// `kill -9` of the node.
+    fn kill9(&self) {
+        if let Some(mut node) = self.node.lock().unwrap().take() {
+            node.kill9();
+            self.killed.lock().unwrap().push(node);
+        }
+    }
 }
 
 impl Backend {
-    /// `serve` arguments selecting the backend, then `extra`.
-    pub fn args(&self, extra: &[&str]) -> Vec<String> {
-        let mut args = match self {
-            Backend::Bwrap => vec!["--box".to_string(), "bwrap".to_string()],
-            Backend::Docker(owner) => owner.args(),
-        };
-        args.extend(extra.iter().map(|a| a.to_string()));
-        args
+    /// What exec answers name as their `backend`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Bwrap => "bwrap",
+            Backend::Docker(_) => "docker",
+            Backend::Remote(_) => "remote",
+        }
     }
 
     pub fn start_on(&self, dir: &Path, port: u16, extra: &[&str]) -> Server {
-        let args = self.args(extra);
+        let mut args: Vec<String> = match self {
+            Backend::Bwrap => vec!["--box".into(), "bwrap".into()],
+            Backend::Docker(owner) => owner.args(),
+            Backend::Remote(_) => vec!["--box".into(), "remote".into()],
+        };
+        if !matches!(self, Backend::Remote(_)) {
+            args.extend(extra.iter().map(|a| a.to_string()));
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Server::start_on(dir, port, &args)
+        let s = Server::start_on(dir, port, &args);
+        if let Backend::Remote(node) = self {
+            node.ensure_started(&s, extra);
+        }
+        s
     }
 
     pub fn start(&self, dir: &Path, extra: &[&str]) -> Server {
         self.start_on(dir, free_port(), extra)
     }
 
+    /// `kill -9` of whatever holds the sandboxes (the server; Core and its node for remote),
+    /// then a start again on the same directories and port.
+    pub fn restart(&self, s: &mut Server, dir: &Path, extra: &[&str]) -> Server {
+        s.kill9();
+        if let Backend::Remote(node) = self {
+            node.kill9();
+        }
+        self.start_on(dir, s.port, extra)
+    }
+
+    /// The data directory whose `box/` holds the sandboxes: the server's, or the node's.
+    pub fn sandbox_root(&self, dir: &Path) -> PathBuf {
+        match self {
+            Backend::Bwrap | Backend::Docker(_) => dir.to_path_buf(),
+            Backend::Remote(node) => node.data_dir(),
+        }
+    }
+
+    /// The run's workspace as the host sees it (bwrap and remote: a directory).
+    pub fn workspace(&self, dir: &Path, run: &str) -> PathBuf {
+        self.sandbox_root(dir).join(format!("box/workspaces/{run}"))
+    }
+
+    /// The box's copy-mode failpoint (armed by writing a fault's name into it).
+    pub fn copy_failpoint(&self, dir: &Path) -> PathBuf {
+        self.sandbox_root(dir).join("box/prepared/FAILPOINT")
+    }
+
     /// Where the run's sandbox runs: its containers (docker); nothing for bwrap, which makes a
     /// fresh sandbox per execution.
     pub fn sandbox_handles(&self, run: &str) -> Vec<String> {
         match self {
-            Backend::Bwrap => vec![],
+            Backend::Bwrap | Backend::Remote(_) => vec![],
             Backend::Docker(owner) => owner.containers(&[format!("skillbox.sandbox={run}")]),
         }
     }
@@ -51,10 +152,13 @@ impl Backend {
     /// host for bwrap, in the run's container for docker; its stdout.
     fn in_prepared(&self, dir: &Path, run: &str, script: &str) -> String {
         let out = match self {
-            Backend::Bwrap => Command::new("sh")
+            Backend::Bwrap | Backend::Remote(_) => Command::new("sh")
                 .arg("-c")
                 .arg(script)
-                .env("P", dir.join(format!("box/prepared/{run}")))
+                .env(
+                    "P",
+                    self.sandbox_root(dir).join(format!("box/prepared/{run}")),
+                )
                 .output()
                 .unwrap(),
             Backend::Docker(_) => {
@@ -73,7 +177,7 @@ impl Backend {
     /// Interrupted preparations of the run left in its staging area.
     pub fn staging_left(&self, dir: &Path, run: &str) -> usize {
         let script = match self {
-            Backend::Bwrap => r#"ls -A "$P" | grep -c '^\.staging-' || true"#,
+            Backend::Bwrap | Backend::Remote(_) => r#"ls -A "$P" | grep -c '^\.staging-' || true"#,
             Backend::Docker(_) => r#"ls -A "$P/.staging" 2>/dev/null | wc -l"#,
         };
         self.in_prepared(dir, run, script).trim().parse().unwrap()
@@ -82,7 +186,7 @@ impl Backend {
     /// Prepared copies of the run's packages (verified, in place).
     pub fn prepared_copies(&self, dir: &Path, run: &str) -> usize {
         let script = match self {
-            Backend::Bwrap => r#"ls "$P" | wc -l"#,
+            Backend::Bwrap | Backend::Remote(_) => r#"ls "$P" | wc -l"#,
             Backend::Docker(_) => r#"ls -d "$P"/*/* 2>/dev/null | wc -l"#,
         };
         self.in_prepared(dir, run, script).trim().parse().unwrap()
@@ -91,7 +195,7 @@ impl Backend {
     /// Appends to the prepared copy of `scripts/run.sh`, as an attacker with the disk would.
     pub fn tamper_with_prepared_script(&self, dir: &Path, run: &str) {
         let script = match self {
-            Backend::Bwrap => {
+            Backend::Bwrap | Backend::Remote(_) => {
                 r#"f=$(ls -d "$P"/*/pkg)/scripts/run.sh; chmod u+w $(dirname $f) $f; echo 'echo TAMPERED' >> $f && echo done"#
             }
             Backend::Docker(_) => {
@@ -104,8 +208,8 @@ impl Backend {
     /// After the run finished: its workspace (and, for docker, every container and volume
     /// of this test) is gone, and nothing of it stays mounted.
     pub async fn assert_run_released(&self, dir: &Path, run: &str) {
-        let image = dir.join(format!("box/workspaces/{run}.ext4"));
-        let root = std::fs::canonicalize(dir).unwrap();
+        let root = std::fs::canonicalize(self.sandbox_root(dir)).unwrap();
+        let image = root.join(format!("box/workspaces/{run}.ext4"));
         let mounted = || {
             std::fs::read_to_string("/proc/self/mountinfo")
                 .unwrap()
@@ -116,7 +220,7 @@ impl Backend {
                         .is_some_and(|m| Path::new(m).starts_with(&root))
                 })
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while mounted() || image.exists() {
             assert!(
                 Instant::now() < deadline,
@@ -245,9 +349,7 @@ backend_test!(streamed_exec_delivers_output_as_it_comes);
 /// serving; the run's end releases its workspace (image, mount, volume).
 async fn tmp_and_workspace_are_capped(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let args = backend.args(&SMALL_SANDBOX);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (s, c, run) = hello_run(dir.path(), &args).await;
+    let (s, c, run) = hello_run_on(backend.start(dir.path(), &SMALL_SANDBOX)).await;
     assert_tmp_and_workspace_capped(&c, &s, &run).await;
     let (st, _) = get(&c, &format!("{}/healthz", s.url), ADMIN).await;
     assert_eq!(st, 200);
@@ -262,8 +364,7 @@ backend_test!(tmp_and_workspace_are_capped);
 /// is detected and prepared afresh (§8.3, box part); revocation removes the copies.
 async fn copy_mode_never_executes_a_bad_transfer(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut s = backend.start_on(dir.path(), port, &["--box-copy-mode"]);
+    let mut s = backend.start(dir.path(), &["--box-copy-mode"]);
     let c = http();
     publish(
         &c,
@@ -275,7 +376,7 @@ async fn copy_mode_never_executes_a_bad_transfer(backend: Backend) {
         versioned("hello", "v1", &[("data.bin", &[7u8; 4096])]),
     )
     .await;
-    let failpoint = dir.path().join("box/prepared/FAILPOINT");
+    let failpoint = backend.copy_failpoint(dir.path());
     let body = json!({"skill": "hello", "command": "touch /workspace/ran; ./scripts/run.sh"});
     for fault in ["truncate", "flip", "missing", "extra", "crash"] {
         let run = new_run(&c, &s, &["hello"]).await;
@@ -325,8 +426,7 @@ async fn copy_mode_never_executes_a_bad_transfer(backend: Backend) {
     // Restart: the sandbox is kept, abandoned staging swept; then tamper with the prepared
     // copy: detected and prepared afresh, never executed as is.
     let handles = backend.sandbox_handles(&run);
-    s.kill9();
-    let s = backend.start_on(dir.path(), port, &["--box-copy-mode"]);
+    let s = backend.restart(&mut s, dir.path(), &["--box-copy-mode"]);
     assert_eq!(
         backend.staging_left(dir.path(), &run),
         0,

@@ -5,22 +5,39 @@
 //! each by `backend_test!`; the runs scenarios run on the embedded default and scaled out
 //! (PostgreSQL + S3) by `storage_test!`.
 
-/// Defines a test per sandbox backend for the scenario `async fn $name(backend: Backend)`.
+/// Defines a test per sandbox backend for the scenario `async fn $name(backend: Backend)`:
+/// bwrap, docker and remote (Core and a node), or the backends listed after a colon.
 macro_rules! backend_test {
     ($name:ident) => {
+        backend_test!($name: bwrap, docker, remote);
+    };
+    ($name:ident: $($backend:ident),+) => {
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn bwrap() {
-                super::$name(crate::backends::Backend::Bwrap).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn docker() {
-                super::$name(crate::backends::Backend::Docker(
-                    crate::backends::Owner::new(stringify!($name)),
-                ))
-                .await
-            }
+            $(backend_test!(@one $name $backend);)+
+        }
+    };
+    (@one $name:ident bwrap) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bwrap() {
+            super::$name(crate::backends::Backend::Bwrap).await
+        }
+    };
+    (@one $name:ident docker) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn docker() {
+            super::$name(crate::backends::Backend::Docker(
+                crate::backends::Owner::new(stringify!($name)),
+            ))
+            .await
+        }
+    };
+    (@one $name:ident remote) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn remote() {
+            super::$name(crate::backends::Backend::Remote(
+                crate::backends::RemoteNode::new(),
+            ))
+            .await
         }
     };
 }

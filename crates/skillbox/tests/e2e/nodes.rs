@@ -1,76 +1,42 @@
-//! Execution nodes (SPEC §7.3), the part built so far: node tokens, registration, heartbeats,
-//! `live`/`lost`, a node's identity across its restarts and Core's, and a node that answers
-//! Core only. (Executions placed on nodes are still to come.)
+//! Execution nodes (SPEC §7.3, §8.12) as only nodes have them: node tokens, registration,
+//! heartbeats, `live`/`lost`, a node's identity across its restarts and Core's, a node that
+//! answers Core only, placement across two nodes, node loss and `new_sandbox`, transfers cut
+//! or corrupted between Core and node, prefetch. The scenarios every backend passes (SPEC §8.1,
+//! §8.2, §8.4, §8.6, §8.8, §8.9) run on a node through `backend_test!` (`Backend::Remote`).
 
 use crate::support::*;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-/// A running `skillbox node`.
-struct Node {
-    child: Child,
-    port: u16,
-    data_dir: PathBuf,
-}
-
-impl Node {
-    fn start(core: &Server, token: &str, data_dir: &Path) -> Node {
-        Self::start_with(core, token, data_dir, &[])
-    }
-
-    fn start_with(core: &Server, token: &str, data_dir: &Path, extra: &[&str]) -> Node {
-        let port = free_port();
-        let child = Command::new(bin())
-            .args(["node", "--core", &core.url, "--token", token, "--listen"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .env("SKILLBOX_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let node = Node {
-            child,
-            port,
-            data_dir: data_dir.to_path_buf(),
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the node did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        node
-    }
-
-    /// The identity Core gave this node (kept in its data directory).
-    fn id(&self) -> String {
-        std::fs::read_to_string(self.data_dir.join("node-id"))
-            .unwrap()
-            .trim()
-            .to_string()
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-        release_workspace_mounts(&self.data_dir);
-    }
+/// `hello` v1 published, a run of it, and its first execution through Core (placing it on a
+/// node), which leaves `/workspace/m`: the run and the exec answer.
+async fn hello_v1_run_with_a_mark(c: &reqwest::Client, core: &Server) -> (String, Value) {
+    publish(
+        c,
+        core,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(c, core, &["hello"]).await;
+    let (st, v) = exec(
+        c,
+        core,
+        &run,
+        json!({"skill": "hello", "command": "./scripts/run.sh; echo mark > /workspace/m"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["stdout"].as_str(), v["backend"].as_str()),
+        (Some("I am v1\n"), Some("remote")),
+        "{v}"
+    );
+    (run, v)
 }
 
 async fn nodes(c: &reqwest::Client, core: &Server) -> Vec<Value> {
@@ -274,30 +240,7 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    publish(
-        &c,
-        &core,
-        ADMIN,
-        "acme",
-        "hello",
-        0,
-        versioned("hello", "v1", &[]),
-    )
-    .await;
-    let run = new_run(&c, &core, &["hello"]).await;
-    let (st, v) = exec(
-        &c,
-        &core,
-        &run,
-        json!({"skill": "hello", "command": "./scripts/run.sh; echo mark > /workspace/m"}),
-    )
-    .await;
-    assert_eq!(st, 200, "{v}");
-    assert_eq!(
-        (v["stdout"].as_str(), v["backend"].as_str()),
-        (Some("I am v1\n"), Some("remote")),
-        "{v}"
-    );
+    let (run, v) = hello_v1_run_with_a_mark(&c, &core).await;
     let placed = v["node"].as_str().unwrap().to_string();
 
     // v2 is published; the run still sees v1, on the same node, in the same workspace.
@@ -578,23 +521,41 @@ async fn a_revocation_kills_the_revisions_executions_on_nodes_and_removes_its_co
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
 }
 
+/// Bytes that do not compress: a transfer of them is as long on the wire as on disk.
+fn incompressible(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A transfer between Core and node truncated, corrupted or dropped mid-way (the node reaches
+/// Core through a proxy the test cuts) never executes, lands nothing, and the next attempt
+/// fetches the whole package afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_or_corrupted_transfer_to_a_node_never_runs() {
     let dir = tempfile::tempdir().unwrap();
     let core = Server::start(
         &dir.path().join("core"),
-        &["--box", "remote", "--node-timeout", "5"],
+        &["--box", "remote", "--node-timeout", "10"],
     );
     let c = http();
     let token = node_token(&c, &core).await;
-    let node = Node::start_with(
-        &core,
+    let proxy = TcpProxy::start(socket_addr_of(&core.url)).await;
+    let node = Node::start_for(
+        &proxy.url(),
         &token,
         &dir.path().join("n1"),
         &["--sandbox-uid-base", "2300000"],
     );
     the_node(&c, &core, "live", &node.url()).await;
-    for fault in ["truncate", "flip"] {
+    let payload = incompressible(256 << 10);
+    for fault in ["truncate", "flip", "drop"] {
         let skill = format!("s-{fault}");
         let (st, published) = publish(
             &c,
@@ -603,14 +564,19 @@ async fn a_cut_or_corrupted_transfer_to_a_node_never_runs() {
             "acme",
             &skill,
             0,
-            versioned(&skill, "v1", &[]),
+            versioned(&skill, "v1", &[("data.bin", &payload)]),
         )
         .await;
         assert_eq!(st, 201, "{published}");
         let run = new_run(&c, &core, &[&skill]).await;
-        std::fs::write(node.data_dir.join("staging/FAILPOINT"), fault).unwrap();
+        if fault == "drop" {
+            proxy.cut_after(64 << 10);
+        } else {
+            std::fs::write(node.data_dir.join("staging/FAILPOINT"), fault).unwrap();
+        }
         let body = json!({"skill": skill, "command": "./scripts/run.sh"});
         let (st, v) = exec(&c, &core, &run, body.clone()).await;
+        proxy.restore();
         assert_eq!(
             (st, error_code(&v)),
             (503, "box_unavailable"),
@@ -639,4 +605,232 @@ async fn a_cut_or_corrupted_transfer_to_a_node_never_runs() {
         );
         assert!(tree.is_dir());
     }
+    let fetches = node_metric(&c, &node, "skillbox_node_package_fetch_failures_total").await;
+    assert_eq!(fetches, 3, "every bad transfer is counted");
+}
+
+/// A counter from the node's `/metrics`.
+async fn node_metric(c: &reqwest::Client, node: &Node, name: &str) -> u64 {
+    let text = c
+        .get(format!("{}/metrics", node.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Prefetch (SPEC §7.3): when the current revision of a skill that a live run on the node has
+/// pinned moves, the node fetches and verifies it ahead of use, leaving the pinned one alone;
+/// a skill no run of it uses is not fetched. The first execution of the new revision then
+/// finds it there (a prefetch hit, no download). The node is reached at its `--advertise` URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_prefetches_the_new_current_revision_of_skills_its_runs_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = Server::start(
+        &dir.path().join("core"),
+        &["--box", "remote", "--node-timeout", "10"],
+    );
+    let c = http();
+    let token = node_token(&c, &core).await;
+    let port = free_port();
+    let advertised = format!("http://localhost:{port}");
+    let node = Node::start_on_port(
+        &core.url,
+        &token,
+        &dir.path().join("n1"),
+        port,
+        &["--advertise", &format!("{advertised}/")],
+    );
+    the_node(&c, &core, "live", &advertised).await;
+    let (_, v1) = publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let (_, other1) = publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "other",
+        0,
+        versioned("other", "v1", &[]),
+    )
+    .await;
+    let run_a = new_run(&c, &core, &["hello"]).await;
+    let body = json!({"skill": "hello", "command": "./scripts/run.sh"});
+    let (st, v) = exec(&c, &core, &run_a, body.clone()).await;
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v1\n")), "{v}");
+    let tree_of = |published: &Value| {
+        node.data_dir.join("trees").join(
+            published["digest"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("sha256:"),
+        )
+    };
+    let v1_tree = tree_of(&v1);
+    let v1_mtime = std::fs::metadata(v1_tree.join("SKILL.md"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    let (_, v2) = publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "hello",
+        1,
+        versioned("hello", "v2", &[]),
+    )
+    .await;
+    let (_, other2) = publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "other",
+        1,
+        versioned("other", "v2", &[]),
+    )
+    .await;
+    let v2_tree = tree_of(&v2);
+    assert!(
+        holds_within(Duration::from_secs(20), || {
+            let t = v2_tree.clone();
+            async move { t.is_dir() }
+        })
+        .await,
+        "the node did not prefetch hello v2"
+    );
+    assert!(node_metric(&c, &node, "skillbox_node_prefetched_total").await >= 1);
+    assert!(v1_tree.is_dir(), "the pinned revision's tree was touched");
+    assert_eq!(
+        std::fs::metadata(v1_tree.join("SKILL.md"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        v1_mtime
+    );
+    for unused in [&other1, &other2] {
+        assert!(!tree_of(unused).exists(), "a skill no run uses was fetched");
+    }
+    // What a node token may fetch: the prefetched current revision, not a skill its runs
+    // never used.
+    for (published, expected) in [(&v2, 200), (&other2, 404)] {
+        let r = c
+            .get(format!(
+                "{}/v1/nodes/archives/{}",
+                core.url,
+                published["digest"].as_str().unwrap()
+            ))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), expected, "{published}");
+    }
+
+    // The run keeps v1; a new run's first execution of v2 finds it prefetched.
+    let (_, v) = exec(&c, &core, &run_a, body.clone()).await;
+    assert_eq!(v["stdout"], "I am v1\n", "{v}");
+    let fetches = node_metric(&c, &node, "skillbox_node_package_fetches_total").await;
+    let hits = node_metric(&c, &node, "skillbox_node_prefetch_hits_total").await;
+    let run_b = new_run(&c, &core, &["hello"]).await;
+    let (st, v) = exec(&c, &core, &run_b, body).await;
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v2\n")), "{v}");
+    assert_eq!(
+        node_metric(&c, &node, "skillbox_node_package_fetches_total").await,
+        fetches,
+        "the prefetched package was downloaded again"
+    );
+    assert_eq!(
+        node_metric(&c, &node, "skillbox_node_prefetch_hits_total").await,
+        hits + 1
+    );
+}
+
+/// A node on the docker backend: executions through Core run in the node's container for the
+/// run with exactly its pins; a node restart adopts the container and keeps the workspace
+/// volume; the run's end removes both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_node_runs_the_runs_executions_in_its_containers() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = Server::start(
+        &dir.path().join("core"),
+        &["--box", "remote", "--node-timeout", "10"],
+    );
+    let c = http();
+    let token = node_token(&c, &core).await;
+    let owner = crate::backends::Owner::new("docker_node");
+    let image = crate::backends::image();
+    let node_args = [
+        "--box",
+        "docker",
+        "--docker-image",
+        &image,
+        "--docker-owner",
+        &owner.0,
+    ];
+    let mut node = Node::start_with(&core, &token, &dir.path().join("n1"), &node_args);
+    the_node(&c, &core, "live", &node.url()).await;
+    let (run, _) = hello_v1_run_with_a_mark(&c, &core).await;
+    let containers = owner.containers(&[format!("skillbox.sandbox={run}")]);
+    assert_eq!(
+        containers.len(),
+        1,
+        "the run's container on the node's engine"
+    );
+    publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "hello",
+        1,
+        versioned("hello", "v2", &[]),
+    )
+    .await;
+    let again = json!({"skill": "hello", "command": "./scripts/run.sh; cat /workspace/m; touch /skills/x 2>/dev/null || echo read-only"});
+    let (_, v) = exec(&c, &core, &run, again.clone()).await;
+    assert_eq!(v["stdout"], "I am v1\nmark\nread-only\n", "{v}");
+
+    node.kill9();
+    let node = Node::start_with(&core, &token, &dir.path().join("n1"), &node_args);
+    the_node(&c, &core, "live", &node.url()).await;
+    let (st, v) = exec(&c, &core, &run, again).await;
+    assert_eq!(
+        (st, v["stdout"].as_str()),
+        (200, Some("I am v1\nmark\nread-only\n")),
+        "{v}"
+    );
+    assert_eq!(
+        owner.containers(&[format!("skillbox.sandbox={run}")]),
+        containers,
+        "the restarted node adopted the run's container"
+    );
+
+    c.delete(core.ws("acme", &format!("runs/{run}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        holds_within(Duration::from_secs(60), || async {
+            owner.containers(&[]).is_empty() && owner.volumes().is_empty()
+        })
+        .await,
+        "the node kept the finished run's container or volume"
+    );
 }

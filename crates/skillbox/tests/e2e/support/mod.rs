@@ -2,6 +2,9 @@
 //! builders.
 #![allow(dead_code)]
 
+mod node;
+pub use node::{Node, node_token_by_cli};
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -84,14 +87,8 @@ impl Server {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("skillbox serve exited before it was ready: {status}");
             }
-            if let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
-                use std::io::{Read, Write};
-                let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
-                let mut buf = String::new();
-                let _ = stream.read_to_string(&mut buf);
-                if buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200") {
-                    return;
-                }
+            if healthy(self.port) {
+                return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -113,6 +110,19 @@ impl Drop for Server {
         self.kill9();
         release_workspace_mounts(&self.data_dir);
     }
+}
+
+/// Whether `GET /healthz` on the loopback `port` answers 200 (without an async runtime).
+pub fn healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n");
+    let mut buf = String::new();
+    let _ = stream.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")
 }
 
 /// Unmounts the quota'd workspaces a killed server left under `data_dir` and detaches their
@@ -482,7 +492,11 @@ pub async fn assert_streamed_exec(c: &reqwest::Client, s: &Server) {
 /// A server started with `args` on `dir`, `hello` v1 published in `acme`, and a run that
 /// activated it.
 pub async fn hello_run(dir: &Path, args: &[&str]) -> (Server, reqwest::Client, String) {
-    let s = Server::start(dir, args);
+    hello_run_on(Server::start(dir, args)).await
+}
+
+/// On a started server: `hello` v1 published in `acme`, and a run that activated it.
+pub async fn hello_run_on(s: Server) -> (Server, reqwest::Client, String) {
     let c = http();
     publish(
         &c,
@@ -624,36 +638,64 @@ pub fn scale_out_pair(dir: &Path) -> (Server, Server) {
 }
 
 /// A TCP forwarder to `target` that a test can cut (every connection dropped, new ones closed
-/// at once) and restore: an outage of the service behind it, as its clients see one.
+/// at once) and restore: an outage of the service behind it, as its clients see one — or cut
+/// in the middle of an answer ([`TcpProxy::cut_after`]).
 pub struct TcpProxy {
     pub port: u16,
     up: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+    /// Bytes the service may still send its clients before the proxy cuts.
+    budget: std::sync::Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl TcpProxy {
     pub async fn start(target: std::net::SocketAddr) -> TcpProxy {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let up = std::sync::Arc::new(tokio::sync::watch::channel(true).0);
-        let state = up.clone();
+        let budget = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+        let (state, left) = (up.clone(), budget.clone());
         tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
                 if !*state.borrow() {
                     continue; // dropped: closed at once
                 }
                 let mut cut = state.subscribe();
+                let (state, left) = (state.clone(), left.clone());
                 tokio::spawn(async move {
-                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                    let Ok(server) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
+                    let (mut client_read, mut client_write) = client.into_split();
+                    let (mut server_read, mut server_write) = server.into_split();
+                    let upstream = tokio::io::copy(&mut client_read, &mut server_write);
+                    let downstream = async {
+                        let mut buf = vec![0u8; 16 << 10];
+                        loop {
+                            let n = server_read.read(&mut buf).await?;
+                            if n == 0 {
+                                return Ok::<_, std::io::Error>(());
+                            }
+                            let before = left.fetch_sub(n as i64, SeqCst);
+                            let allowed = before.clamp(0, n as i64) as usize;
+                            client_write.write_all(&buf[..allowed]).await?;
+                            if allowed < n {
+                                client_write.flush().await?;
+                                state.send_replace(false);
+                                return Ok(());
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = upstream => {}
+                        _ = downstream => {}
                         _ = cut.wait_for(|up| !*up) => {}
                     }
                 });
             }
         });
-        TcpProxy { port, up }
+        TcpProxy { port, up, budget }
     }
 
     /// Drops every connection and refuses new ones until [`TcpProxy::restore`].
@@ -661,8 +703,21 @@ impl TcpProxy {
         self.up.send_replace(false);
     }
 
+    /// Cuts as [`TcpProxy::cut`] does once the service sent `bytes` more bytes to its clients:
+    /// in the middle of an answer.
+    pub fn cut_after(&self, bytes: i64) {
+        self.budget
+            .store(bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub fn restore(&self) {
+        self.budget
+            .store(i64::MAX, std::sync::atomic::Ordering::SeqCst);
         self.up.send_replace(true);
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 }
 
