@@ -22,12 +22,16 @@ def call(method, url, token, body=None, ctype="application/json"):
 
 
 def serve(data_dir, extra=(), env=None):
-    """Starts `skillbox serve --box none` on a free port; returns (process, base URL) once healthy."""
+    """Starts `skillbox serve` (`--box none` unless `extra` names one) on a free port; returns
+    (process, base URL) once healthy."""
     port = free_port()
     env = dict(env or os.environ, SKILLBOX_ADMIN_TOKEN=ADMIN, SKILLBOX_LOG="warn")
-    proc = subprocess.Popen([BIN, "serve", "--box", "none", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir, "--gc-interval", "0", *extra], env=env)
+    box = [] if "--box" in extra else ["--box", "none"]
+    proc = subprocess.Popen([BIN, "serve", *box, "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir, "--gc-interval", "0", *extra], env=env)
     base = f"http://127.0.0.1:{port}"
     for _ in range(400):
+        if proc.poll() is not None:
+            raise RuntimeError(f"skillbox serve exited with {proc.returncode}")
         try:
             urllib.request.urlopen(base + "/healthz"); return proc, base
         except Exception:

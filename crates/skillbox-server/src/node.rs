@@ -61,6 +61,10 @@ pub struct NodeState {
     verified: Arc<std::sync::Mutex<std::collections::HashMap<Digest, Arc<Manifest>>>>,
     /// Trees fetched ahead of use and not used yet.
     prefetched: Arc<std::sync::Mutex<std::collections::HashSet<Digest>>>,
+    /// One preparation of a digest at a time: an execution and a prefetch of the same
+    /// package (or two executions) share one download.
+    preparing:
+        Arc<std::sync::Mutex<std::collections::HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>>,
     pub stats: Arc<NodeStats>,
 }
 
@@ -139,6 +143,7 @@ impl NodeState {
             layout,
             verified: Default::default(),
             prefetched: Default::default(),
+            preparing: Default::default(),
             stats: Default::default(),
         })
     }
@@ -148,31 +153,59 @@ impl NodeState {
         &self,
         digest: &Digest,
     ) -> ApiResult<(std::path::PathBuf, Arc<Manifest>)> {
-        let package = self.package(digest).await?;
+        let (tree, manifest, _) = self.package(digest).await?;
         if self.prefetched.lock().is_ok_and(|mut p| p.remove(digest)) {
             NodeStats::bump(&self.stats.prefetch_hits);
         }
-        Ok(package)
+        Ok((tree, manifest))
     }
 
     /// Fetches and verifies `digest` ahead of use, unless the node has it already. A tree is
     /// only ever added: pinned revisions' trees are never touched.
     async fn prefetch(&self, digest: &Digest) -> ApiResult<()> {
-        let there = self.layout.trees().join(digest.0.to_hex()).is_dir();
-        if there {
-            return Ok(());
+        let (_, _, fetched) = self.package(digest).await?;
+        if fetched {
+            if let Ok(mut p) = self.prefetched.lock() {
+                p.insert(*digest);
+            }
+            NodeStats::bump(&self.stats.prefetched);
         }
-        self.package(digest).await?;
-        if let Ok(mut p) = self.prefetched.lock() {
-            p.insert(*digest);
-        }
-        NodeStats::bump(&self.stats.prefetched);
         Ok(())
     }
 
     /// The verified tree of `digest` and its manifest: from this node's cache, else fetched
     /// from Core and verified.
-    async fn package(&self, digest: &Digest) -> ApiResult<(std::path::PathBuf, Arc<Manifest>)> {
+    async fn package(
+        &self,
+        digest: &Digest,
+    ) -> ApiResult<(std::path::PathBuf, Arc<Manifest>, bool)> {
+        let gate = self
+            .preparing
+            .lock()
+            .map_err(|_| ApiError::internal("node preparation lock poisoned"))?
+            .entry(*digest)
+            .or_default()
+            .clone();
+        let prepared = {
+            let _one_at_a_time = gate.lock().await;
+            self.package_alone(digest).await
+        };
+        drop(gate);
+        if let Ok(mut preparing) = self.preparing.lock()
+            && preparing
+                .get(digest)
+                .is_some_and(|g| Arc::strong_count(g) == 1)
+        {
+            preparing.remove(digest);
+        }
+        prepared
+    }
+
+    /// [`NodeState::package`] while no other task prepares `digest`; whether it downloaded.
+    async fn package_alone(
+        &self,
+        digest: &Digest,
+    ) -> ApiResult<(std::path::PathBuf, Arc<Manifest>, bool)> {
         let tree = self.layout.trees().join(digest.0.to_hex());
         if let Some(m) = self
             .verified
@@ -181,7 +214,7 @@ impl NodeState {
             .and_then(|v| v.get(digest).cloned())
             && tree.is_dir()
         {
-            return Ok((tree, m));
+            return Ok((tree, m, false));
         }
         if tree.is_dir() {
             // Left by an earlier process: whole and unchanged, or gone.
@@ -190,7 +223,7 @@ impl NodeState {
                 .await
                 .map_err(|e| ApiError::internal(e.to_string()))?;
             match checked {
-                Ok(m) => return Ok((tree, self.remember(*digest, m))),
+                Ok(m) => return Ok((tree, self.remember(*digest, m), false)),
                 Err(why) => {
                     tracing::warn!(%digest, why, "a prepared tree does not verify: fetched afresh");
                     skillbox_package::staging::remove_tree(&tree)
@@ -201,7 +234,7 @@ impl NodeState {
         match self.fetch(digest, &tree).await {
             Ok(manifest) => {
                 NodeStats::bump(&self.stats.fetches);
-                Ok((tree, self.remember(*digest, manifest)))
+                Ok((tree, self.remember(*digest, manifest), true))
             }
             Err(e) => {
                 NodeStats::bump(&self.stats.fetch_failures);

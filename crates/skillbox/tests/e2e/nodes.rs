@@ -759,6 +759,39 @@ async fn a_node_prefetches_the_new_current_revision_of_skills_its_runs_use() {
         node_metric(&c, &node, "skillbox_node_prefetch_hits_total").await,
         hits + 1
     );
+
+    // Executions that need one new package at once (and the prefetch its pins start) share
+    // one download.
+    publish(
+        &c,
+        &core,
+        ADMIN,
+        "acme",
+        "wide",
+        0,
+        versioned("wide", "v1", &[("data.bin", &incompressible(1 << 20))]),
+    )
+    .await;
+    let fetches = node_metric(&c, &node, "skillbox_node_package_fetches_total").await;
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        runs.push(new_run(&c, &core, &["wide"]).await);
+    }
+    let body = json!({"skill": "wide", "command": "./scripts/run.sh"});
+    let answers: Vec<_> = runs
+        .iter()
+        .map(|run| spawn_exec(&c, &core, run, body.clone()))
+        .collect();
+    for answer in answers {
+        let (st, v) = answer.await.unwrap();
+        assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v1\n")), "{v}");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        node_metric(&c, &node, "skillbox_node_package_fetches_total").await,
+        fetches + 1,
+        "one package, one download"
+    );
 }
 
 /// A node on the docker backend: executions through Core run in the node's container for the
