@@ -166,9 +166,12 @@ pub fn finish_tree(dir: &Path, opts: DirWriteOptions) -> io::Result<()> {
         if ft.is_dir() {
             finish_tree(&e.path(), opts)?;
         } else if opts.read_only {
-            let mode = e.metadata()?.permissions().mode();
+            let mode = e.metadata()?.permissions().mode() & 0o7777;
             let ro = if mode & 0o111 != 0 { 0o555 } else { 0o444 };
-            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(ro))?;
+            // Already so (a file linked from a read-only tree): left alone, its change time too.
+            if mode != ro {
+                std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(ro))?;
+            }
         }
     }
     if opts.sync {

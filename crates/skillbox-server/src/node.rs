@@ -19,6 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use skillbox_api::{ErrorCode, Health, NodeExec, NodeRevoke};
+use skillbox_box::failpoint::Failpoint;
+use skillbox_package::intake::verify_tree;
 use skillbox_package::{Digest, Limits, Manifest};
 use skillbox_registry::auth::constant_time_eq;
 use std::sync::{Arc, RwLock};
@@ -56,9 +58,9 @@ pub struct NodeState {
     pub runtime: Arc<skillbox_box::BoxRuntime>,
     pub core: CoreLink,
     pub layout: skillbox_registry::DataDir,
-    /// Trees verified since this process started (a tree left by an earlier one is checked
-    /// again before its first use).
-    verified: Arc<std::sync::Mutex<std::collections::HashMap<Digest, Arc<Manifest>>>>,
+    /// Trees verified since this process started, with their files' stamps then (a tree left
+    /// by an earlier one is checked again before its first use).
+    verified: Arc<std::sync::Mutex<std::collections::HashMap<Digest, VerifiedTree>>>,
     /// Trees fetched ahead of use and not used yet.
     prefetched: Arc<std::sync::Mutex<std::collections::HashSet<Digest>>>,
     /// One preparation of a digest at a time: an execution and a prefetch of the same
@@ -66,6 +68,42 @@ pub struct NodeState {
     preparing:
         Arc<std::sync::Mutex<std::collections::HashMap<Digest, Arc<tokio::sync::Mutex<()>>>>>,
     pub stats: Arc<NodeStats>,
+}
+
+/// A tree as it was verified: its manifest, and each file's inode, size and change time.
+/// Writing a file, changing its mode or replacing it changes its stamp (the change time cannot
+/// be set back), so a tree whose stamps still match is the tree that was verified; one that
+/// does not is verified again in full.
+#[derive(Clone)]
+struct VerifiedTree {
+    manifest: Arc<Manifest>,
+    stamps: Arc<Vec<FileStamp>>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct FileStamp {
+    ino: u64,
+    size: u64,
+    ctime: i64,
+    ctime_nsec: i64,
+}
+
+/// The stamps of the manifest's files under `tree`.
+fn stamps(tree: &std::path::Path, manifest: &Manifest) -> std::io::Result<Vec<FileStamp>> {
+    use std::os::unix::fs::MetadataExt;
+    manifest
+        .entries()
+        .iter()
+        .map(|e| {
+            let md = std::fs::symlink_metadata(tree.join(&e.path))?;
+            Ok(FileStamp {
+                ino: md.ino(),
+                size: md.size(),
+                ctime: md.ctime(),
+                ctime_nsec: md.ctime_nsec(),
+            })
+        })
+        .collect()
 }
 
 /// The node's counters, at `GET /metrics`.
@@ -207,25 +245,34 @@ impl NodeState {
         digest: &Digest,
     ) -> ApiResult<(std::path::PathBuf, Arc<Manifest>, bool)> {
         let tree = self.layout.trees().join(digest.0.to_hex());
-        if let Some(m) = self
-            .verified
-            .lock()
-            .ok()
-            .and_then(|v| v.get(digest).cloned())
-            && tree.is_dir()
-        {
-            return Ok((tree, m, false));
-        }
         if tree.is_dir() {
-            // Left by an earlier process: whole and unchanged, or gone.
-            let (t, d) = (tree.clone(), *digest);
-            let checked = tokio::task::spawn_blocking(move || recompute(&t, &d))
-                .await
-                .map_err(|e| ApiError::internal(e.to_string()))?;
+            // Checked before every use (the box's prepared packages are links to these files):
+            // unchanged since verified, else verified again in full. One left by an earlier
+            // process has its manifest recomputed.
+            let known = self
+                .verified
+                .lock()
+                .ok()
+                .and_then(|v| v.get(digest).cloned());
+            if let Some(k) = &known
+                && stamps(&tree, &k.manifest).is_ok_and(|now| now == *k.stamps)
+            {
+                return Ok((tree, k.manifest.clone(), false));
+            }
+            let (t, d, m) = (tree.clone(), *digest, known.map(|k| k.manifest));
+            let checked = tokio::task::spawn_blocking(move || match m {
+                Some(m) => verify_tree(&t, &m).map(|()| m),
+                None => recompute(&t, &d).map(Arc::new),
+            })
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
             match checked {
-                Ok(m) => return Ok((tree, self.remember(*digest, m), false)),
+                Ok(m) => return Ok((tree.clone(), self.remember(*digest, &tree, m)?, false)),
                 Err(why) => {
                     tracing::warn!(%digest, why, "a prepared tree does not verify: fetched afresh");
+                    if let Ok(mut v) = self.verified.lock() {
+                        v.remove(digest);
+                    }
                     skillbox_package::staging::remove_tree(&tree)
                         .map_err(|e| ApiError::internal(e.to_string()))?;
                 }
@@ -234,7 +281,8 @@ impl NodeState {
         match self.fetch(digest, &tree).await {
             Ok(manifest) => {
                 NodeStats::bump(&self.stats.fetches);
-                Ok((tree, self.remember(*digest, manifest), true))
+                let manifest = self.remember(*digest, &tree, Arc::new(manifest))?;
+                Ok((tree, manifest, true))
             }
             Err(e) => {
                 NodeStats::bump(&self.stats.fetch_failures);
@@ -263,34 +311,124 @@ impl NodeState {
         if !answer.status().is_success() {
             return Err(unavailable(format!("Core answered {}", answer.status())));
         }
-        let mut tar = answer
-            .bytes()
-            .await
-            .map_err(|e| unavailable(e.to_string()))?
-            .to_vec();
-        // Fault tests (the box's `failpoints` feature): a transfer cut short, or a byte of the
-        // first file's content changed on the way, must never land.
-        match skillbox_box::failpoint::Failpoint::in_dir(&self.layout.staging())
-            .take()
-            .as_deref()
-        {
-            Some("truncate") => tar.truncate(tar.len() / 2),
-            Some("flip") if tar.len() > 512 => tar[512] ^= 0x01,
-            _ => {}
-        }
+        // Extracted as it arrives: the download and the writing overlap.
+        let (chunks, reader) = ChunkReader::channel();
         let (staging_root, d, dest) = (self.layout.staging(), *digest, tree.to_path_buf());
-        let built = tokio::task::spawn_blocking(move || build_tree(&staging_root, &tar, &d, &dest))
+        let builder =
+            tokio::task::spawn_blocking(move || build_tree(&staging_root, reader, &d, &dest));
+        let cut = feed(
+            answer,
+            &chunks,
+            Failpoint::in_dir(&self.layout.staging()).take(),
+        )
+        .await;
+        drop(chunks);
+        let built = builder
             .await
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        built.map_err(unavailable)
+        match (cut, built) {
+            (Some(why), _) | (None, Err(why)) => Err(unavailable(why)),
+            (None, Ok(manifest)) => Ok(manifest),
+        }
     }
 
-    fn remember(&self, digest: Digest, manifest: Manifest) -> Arc<Manifest> {
-        let manifest = Arc::new(manifest);
+    /// Records `tree`, just verified against `manifest`, with its files' stamps now.
+    fn remember(
+        &self,
+        digest: Digest,
+        tree: &std::path::Path,
+        manifest: Arc<Manifest>,
+    ) -> ApiResult<Arc<Manifest>> {
+        let stamps = stamps(tree, &manifest).map_err(|e| ApiError::internal(e.to_string()))?;
         if let Ok(mut v) = self.verified.lock() {
-            v.insert(digest, manifest.clone());
+            v.insert(
+                digest,
+                VerifiedTree {
+                    manifest: manifest.clone(),
+                    stamps: Arc::new(stamps),
+                },
+            );
         }
-        manifest
+        Ok(manifest)
+    }
+}
+
+/// Passes the archive's body on to the extraction as it arrives; the reason if the transfer
+/// broke off. (Fault tests, the box's `failpoints` feature: `truncate` ends the transfer
+/// halfway, `flip` changes a byte of the first file's content on the way; neither may land.)
+async fn feed(
+    mut answer: reqwest::Response,
+    chunks: &tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    fault: Option<String>,
+) -> Option<String> {
+    let halfway = answer.content_length().map(|l| l / 2);
+    let mut sent = 0u64;
+    loop {
+        let mut chunk = match answer.chunk().await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => return None,
+            Err(e) => {
+                let why = e.to_string();
+                let _ = chunks.send(Err(std::io::Error::other(why.clone()))).await;
+                return Some(why);
+            }
+        };
+        let len = chunk.len() as u64;
+        match fault.as_deref() {
+            Some("truncate") if halfway.is_some_and(|h| sent + len > h) => {
+                let keep = halfway.unwrap_or(0).saturating_sub(sent) as usize;
+                let _ = chunks.send(Ok(chunk.slice(..keep))).await;
+                return None;
+            }
+            Some("flip") if (sent..sent + len).contains(&512) => {
+                let mut flipped = chunk.to_vec();
+                flipped[(512 - sent) as usize] ^= 0x01;
+                chunk = flipped.into();
+            }
+            _ => {}
+        }
+        sent += len;
+        if chunks.send(Ok(chunk)).await.is_err() {
+            return None; // the extraction stopped: it says why
+        }
+    }
+}
+
+/// The archive's body as the blocking extraction reads it.
+struct ChunkReader {
+    chunks: tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+    current: bytes::Bytes,
+}
+
+impl ChunkReader {
+    fn channel() -> (
+        tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+        ChunkReader,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        (
+            tx,
+            ChunkReader {
+                chunks: rx,
+                current: bytes::Bytes::new(),
+            },
+        )
+    }
+}
+
+impl std::io::Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.chunks.blocking_recv() {
+                Some(Ok(chunk)) => self.current = chunk,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        self.current = self.current.slice(n..);
+        Ok(n)
     }
 }
 
@@ -309,7 +447,7 @@ fn recompute(tree: &std::path::Path, digest: &Digest) -> Result<Manifest, String
 /// renames it to `dest`: a partial or corrupt transfer never lands.
 fn build_tree(
     staging_root: &std::path::Path,
-    tar: &[u8],
+    tar: impl std::io::Read,
     digest: &Digest,
     dest: &std::path::Path,
 ) -> Result<Manifest, String> {

@@ -73,8 +73,10 @@ pub fn run(a: NodeArgs) -> anyhow::Result<ExitCode> {
             id: known_id.unwrap_or_default(),
             secret: String::new(),
         }));
-        // A node always copies packages into its sandboxes and verifies them.
-        let runtime = crate::serve::choose_box(&layout, Some(&a.box_backend), true, &a.boxes)
+        // A node always copies packages into its sandboxes and verifies them; bwrap's copies
+        // are links into the node's tree cache, which the node verifies before every use.
+        let packages = crate::serve::Packages::Linked;
+        let runtime = crate::serve::choose_box(&layout, Some(&a.box_backend), packages, &a.boxes)
             .await?
             .ok_or_else(|| anyhow::anyhow!("a node needs a sandbox backend"))?;
         let core = Core {

@@ -179,7 +179,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let sandbox = match a.box_backend.as_deref() {
             // Executions go to execution nodes (`skillbox node`).
             Some("remote") => None,
-            asked => choose_box(&DataDir::new(&a.data_dir), asked, a.box_copy_mode, &a.boxes).await?,
+            asked => {
+                let packages = if a.box_copy_mode { Packages::Copied } else { Packages::Bound };
+                choose_box(&DataDir::new(&a.data_dir), asked, packages, &a.boxes).await?
+            }
         };
         std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
         let admin_token = admin_token(&DataDir::new(&a.data_dir))?;
@@ -238,14 +241,27 @@ pub fn bwrap_backend(
     Ok(b)
 }
 
+/// How packages reach the sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Packages {
+    /// The revision trees, bound read-only (bwrap on the server's own disk).
+    Bound,
+    /// Copied into sandbox storage and verified before every execution (`--box-copy-mode`).
+    Copied,
+    /// As `Copied`, the files hard-linked from a tree whose owner verifies it before every
+    /// use (an execution node's tree cache).
+    Linked,
+}
+
 /// `--box`: bwrap when asked (refusing to start if its probe fails), none when asked, and by
 /// default bwrap if its probe passes, else none — said loudly.
 pub(crate) async fn choose_box(
     data_dir: &DataDir,
     asked: Option<&str>,
-    copy_mode: bool,
+    packages: Packages,
     a: &BoxArgs,
 ) -> anyhow::Result<Option<Arc<skillbox_box::BoxRuntime>>> {
+    let copy_mode = packages != Packages::Bound;
     let index = match (&a.deps_find_links, &a.deps_index_url) {
         (Some(dir), _) => skillbox_box::deps::PackageIndex::FindLinks(
             std::fs::canonicalize(dir)
@@ -264,7 +280,10 @@ pub(crate) async fn choose_box(
         tracing::info!(backend = "bwrap", "{ok}");
         let mut b = b;
         if copy_mode {
-            let store = skillbox_box::prepare::PreparedStore::new(data_dir.box_prepared())?;
+            let mut store = skillbox_box::prepare::PreparedStore::new(data_dir.box_prepared())?;
+            if packages == Packages::Linked {
+                store = store.linking();
+            }
             let swept = store.sweep()?;
             tracing::info!(
                 swept,
