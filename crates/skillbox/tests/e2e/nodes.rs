@@ -867,3 +867,60 @@ async fn a_docker_node_runs_the_runs_executions_in_its_containers() {
         "the node kept the finished run's container or volume"
     );
 }
+
+/// Two Core servers on one PostgreSQL + S3 and a node registered with one of them: with no
+/// live node an execution is `box_unavailable`; then a run placed through A is routed to its
+/// node by B too (the placement is in the database), and a revocation through B kills the
+/// revision's execution on the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_core_server_routes_a_run_to_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = ScaleOut::fresh();
+    let mut args = vec!["--box", "remote", "--node-timeout", "10"];
+    args.extend(storage.args());
+    let a = Server::start(&dir.path().join("a"), &args);
+    let b = Server::start(&dir.path().join("b"), &args);
+    let c = http();
+    publish(
+        &c,
+        &a,
+        ADMIN,
+        "acme",
+        "hello",
+        0,
+        versioned("hello", "v1", &[]),
+    )
+    .await;
+    let run = new_run(&c, &a, &["hello"]).await;
+    let body = json!({"skill": "hello", "command": "./scripts/run.sh"});
+    let (st, v) = exec(&c, &b, &run, body.clone()).await;
+    assert_eq!(
+        (st, error_code(&v)),
+        (503, "box_unavailable"),
+        "no live node: {v}"
+    );
+
+    let token = node_token(&c, &a).await;
+    let node = Node::start_with(&a, &token, &dir.path().join("n1"), &[]);
+    the_node(&c, &b, "live", &node.url()).await;
+    let (st, v) = exec(&c, &a, &run, body.clone()).await;
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v1\n")), "{v}");
+    let placed = v["node"].clone();
+    let (st, v) = exec(&c, &b, &run, body).await;
+    assert_eq!((st, v["stdout"].as_str()), (200, Some("I am v1\n")), "{v}");
+    assert_eq!(v["node"], placed, "B routed the run elsewhere");
+
+    let running = spawn_exec(
+        &c,
+        &a,
+        &run,
+        json!({"skill": "hello", "command": "sleep 30", "timeout_ms": 60000}),
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    revoke(&c, &b, "hello", 1, "leaked").await;
+    let (st, v) = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the execution was killed")
+        .unwrap();
+    assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
+}
