@@ -26,7 +26,8 @@ class _Request:
         self.headers, self.params, self.raw = headers or {}, params, raw
 
 
-Call = Generator[_Request, httpx.Response, Any]
+# A call: yields the requests it needs, is sent each parsed answer (or thrown its error).
+Call = Generator[_Request, Any, Any]
 
 
 def _q(segment: str) -> str:
@@ -219,10 +220,9 @@ def _sse_events(lines: Iterator[str]) -> Iterator[Event]:
             data.append(line[5:].lstrip(" "))
 
 
-_METHODS = [n for n in vars(_Api) if not n.startswith("_") and n not in ("ws",)]
-
-
 class _Base:
+    _http: Any
+
     def _build(self, req: _Request) -> httpx.Request:
         return self._http.build_request(req.method, req.path, json=req.json_body if req.content is None else None,
                                         content=req.content, headers=req.headers, params=req.params)
@@ -258,11 +258,73 @@ class Client(_Base):
         except StopIteration as done:
             return done.value
 
-    def __getattr__(self, name: str) -> Any:
-        if name in _METHODS:
-            method = getattr(self._api, name)
-            return lambda *a, **k: self._drive(method(*a, **k))
-        raise AttributeError(name)
+    def skills(self) -> List[Skill]:
+        return self._drive(self._api.skills())  # type: ignore[no-any-return]
+
+    def skill(self, name: str) -> Skill:
+        return self._drive(self._api.skill(name))  # type: ignore[no-any-return]
+
+    def revisions(self, name: str) -> List[Revision]:
+        return self._drive(self._api.revisions(name))  # type: ignore[no-any-return]
+
+    def revision(self, name: str, revision: Union[int, str] = "current") -> Revision:
+        return self._drive(self._api.revision(name, revision))  # type: ignore[no-any-return]
+
+    def read(self, name: str, path: str, revision: Union[int, str] = "current") -> bytes:
+        """A file of a revision (`"current"` or a number)."""
+        return self._drive(self._api.read(name, path, revision))  # type: ignore[no-any-return]
+
+    def archive(self, name: str, revision: Union[int, str] = "current") -> bytes:
+        return self._drive(self._api.archive(name, revision))  # type: ignore[no-any-return]
+
+    def publish(self, name: str, source: Source, base_revision: Optional[int] = None) -> Revision:
+        """Publishes `source` (a directory, an archive path, or bytes) as a new revision of `name`;
+        `base_revision=None` means the skill's current revision as read just before (0 for a new skill)."""
+        return self._drive(self._api.publish(name, source, base_revision))  # type: ignore[no-any-return]
+
+    def rollback(self, name: str, revision: int, base_revision: int) -> Skill:
+        """Moves the current pointer to `revision` if it is still `base_revision` (compare-and-swap)."""
+        return self._drive(self._api.rollback(name, revision, base_revision))  # type: ignore[no-any-return]
+
+    def delete(self, name: str) -> Any:
+        return self._drive(self._api.delete(name))  # type: ignore[no-any-return]
+
+    def revoke(self, name: str, revision: int, reason: str) -> Any:
+        return self._drive(self._api.revoke(name, revision, reason))  # type: ignore[no-any-return]
+
+    def create_draft(self, skill: str, base_revision: Optional[int] = None) -> Draft:
+        return self._drive(self._api.create_draft(skill, base_revision))  # type: ignore[no-any-return]
+
+    def draft(self, draft_id: str) -> Draft:
+        return self._drive(self._api.draft(draft_id))  # type: ignore[no-any-return]
+
+    def read_draft_file(self, draft_id: str, path: str) -> bytes:
+        return self._drive(self._api.read_draft_file(draft_id, path))  # type: ignore[no-any-return]
+
+    def put_draft_file(self, draft_id: str, path: str, content: Union[bytes, str]) -> Any:
+        return self._drive(self._api.put_draft_file(draft_id, path, content))  # type: ignore[no-any-return]
+
+    def delete_draft_file(self, draft_id: str, path: str) -> Any:
+        return self._drive(self._api.delete_draft_file(draft_id, path))  # type: ignore[no-any-return]
+
+    def publish_draft(self, draft_id: str) -> Revision:
+        return self._drive(self._api.publish_draft(draft_id))  # type: ignore[no-any-return]
+
+    def delete_draft(self, draft_id: str) -> Any:
+        return self._drive(self._api.delete_draft(draft_id))  # type: ignore[no-any-return]
+
+    def whoami(self) -> Dict[str, Any]:
+        return self._drive(self._api.whoami())  # type: ignore[no-any-return]
+
+    def create_token(self, role: str, workspace: Optional[str] = None) -> str:
+        """Mints a token of `role` for `workspace` (this client's by default); admin only."""
+        return self._drive(self._api.create_token(role, workspace))  # type: ignore[no-any-return]
+
+    def gc(self, dry_run: bool = False, grace_seconds: Optional[int] = None) -> Dict[str, Any]:
+        return self._drive(self._api.gc(dry_run, grace_seconds))  # type: ignore[no-any-return]
+
+    def fsck(self) -> Dict[str, Any]:
+        return self._drive(self._api.fsck())  # type: ignore[no-any-return]
 
     def create_run(self, skills: Optional[Sequence[str]] = None, ttl_seconds: Optional[int] = None) -> "Run":
         """A run (a context manager that finishes it on exit)."""
@@ -372,11 +434,73 @@ class AsyncClient(_Base):
         except StopIteration as done:
             return done.value
 
-    def __getattr__(self, name: str) -> Any:
-        if name in _METHODS:
-            method = getattr(self._api, name)
-            return lambda *a, **k: self._drive(method(*a, **k))
-        raise AttributeError(name)
+    async def skills(self) -> List[Skill]:
+        return await self._drive(self._api.skills())  # type: ignore[no-any-return]
+
+    async def skill(self, name: str) -> Skill:
+        return await self._drive(self._api.skill(name))  # type: ignore[no-any-return]
+
+    async def revisions(self, name: str) -> List[Revision]:
+        return await self._drive(self._api.revisions(name))  # type: ignore[no-any-return]
+
+    async def revision(self, name: str, revision: Union[int, str] = "current") -> Revision:
+        return await self._drive(self._api.revision(name, revision))  # type: ignore[no-any-return]
+
+    async def read(self, name: str, path: str, revision: Union[int, str] = "current") -> bytes:
+        """A file of a revision (`"current"` or a number)."""
+        return await self._drive(self._api.read(name, path, revision))  # type: ignore[no-any-return]
+
+    async def archive(self, name: str, revision: Union[int, str] = "current") -> bytes:
+        return await self._drive(self._api.archive(name, revision))  # type: ignore[no-any-return]
+
+    async def publish(self, name: str, source: Source, base_revision: Optional[int] = None) -> Revision:
+        """Publishes `source` (a directory, an archive path, or bytes) as a new revision of `name`;
+        `base_revision=None` means the skill's current revision as read just before (0 for a new skill)."""
+        return await self._drive(self._api.publish(name, source, base_revision))  # type: ignore[no-any-return]
+
+    async def rollback(self, name: str, revision: int, base_revision: int) -> Skill:
+        """Moves the current pointer to `revision` if it is still `base_revision` (compare-and-swap)."""
+        return await self._drive(self._api.rollback(name, revision, base_revision))  # type: ignore[no-any-return]
+
+    async def delete(self, name: str) -> Any:
+        return await self._drive(self._api.delete(name))  # type: ignore[no-any-return]
+
+    async def revoke(self, name: str, revision: int, reason: str) -> Any:
+        return await self._drive(self._api.revoke(name, revision, reason))  # type: ignore[no-any-return]
+
+    async def create_draft(self, skill: str, base_revision: Optional[int] = None) -> Draft:
+        return await self._drive(self._api.create_draft(skill, base_revision))  # type: ignore[no-any-return]
+
+    async def draft(self, draft_id: str) -> Draft:
+        return await self._drive(self._api.draft(draft_id))  # type: ignore[no-any-return]
+
+    async def read_draft_file(self, draft_id: str, path: str) -> bytes:
+        return await self._drive(self._api.read_draft_file(draft_id, path))  # type: ignore[no-any-return]
+
+    async def put_draft_file(self, draft_id: str, path: str, content: Union[bytes, str]) -> Any:
+        return await self._drive(self._api.put_draft_file(draft_id, path, content))  # type: ignore[no-any-return]
+
+    async def delete_draft_file(self, draft_id: str, path: str) -> Any:
+        return await self._drive(self._api.delete_draft_file(draft_id, path))  # type: ignore[no-any-return]
+
+    async def publish_draft(self, draft_id: str) -> Revision:
+        return await self._drive(self._api.publish_draft(draft_id))  # type: ignore[no-any-return]
+
+    async def delete_draft(self, draft_id: str) -> Any:
+        return await self._drive(self._api.delete_draft(draft_id))  # type: ignore[no-any-return]
+
+    async def whoami(self) -> Dict[str, Any]:
+        return await self._drive(self._api.whoami())  # type: ignore[no-any-return]
+
+    async def create_token(self, role: str, workspace: Optional[str] = None) -> str:
+        """Mints a token of `role` for `workspace` (this client's by default); admin only."""
+        return await self._drive(self._api.create_token(role, workspace))  # type: ignore[no-any-return]
+
+    async def gc(self, dry_run: bool = False, grace_seconds: Optional[int] = None) -> Dict[str, Any]:
+        return await self._drive(self._api.gc(dry_run, grace_seconds))  # type: ignore[no-any-return]
+
+    async def fsck(self) -> Dict[str, Any]:
+        return await self._drive(self._api.fsck())  # type: ignore[no-any-return]
 
     async def create_run(self, skills: Optional[Sequence[str]] = None, ttl_seconds: Optional[int] = None) -> "AsyncRun":
         return AsyncRun(self, await self._drive(self._api.create_run(skills, ttl_seconds)))
