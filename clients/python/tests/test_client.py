@@ -252,3 +252,20 @@ def test_the_package_type_checks():
     assert os.path.exists(os.path.join(package, "py.typed"))
     out = subprocess.run([sys.executable, "-m", "mypy", package], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_admin_calls_and_runs_by_id(server, workspace, tmp_path):
+    c = admin(server, workspace)
+    c.publish("hello", skill_dir(str(tmp_path / "h"), "hello", "v1"))
+    run = c.create_run()
+    again = c.run(run.id)
+    assert again.id == run.id and again.activate("hello").revision == 1
+    run.finish()
+    assert c.run(run.id).state()["state"] != "active"
+    report = c.fsck()
+    assert (report["ok"], report["problems"]) == (True, []) and report["revisions_checked"] >= 1
+    assert "revisions" in c.gc(dry_run=True, grace_seconds=0)
+    runner = sb.Client(server.url, c.create_token("runner"), workspace=workspace)
+    assert runner.whoami()["role"] == "runner"
+    with pytest.raises(sb.Forbidden):
+        runner.gc(dry_run=True)
