@@ -260,14 +260,23 @@ impl NodeState {
                 return Ok((tree, k.manifest.clone(), false));
             }
             let (t, d, m) = (tree.clone(), *digest, known.map(|k| k.manifest));
-            let checked = tokio::task::spawn_blocking(move || match m {
-                Some(m) => verify_tree(&t, &m).map(|()| m),
-                None => recompute(&t, &d).map(Arc::new),
+            // The stamps are taken before the content is hashed: a change while it is hashed
+            // moves them, and the next use verifies again.
+            let checked = tokio::task::spawn_blocking(move || {
+                let m = match m {
+                    Some(m) => m,
+                    None => Arc::new(recompute(&t, &d)?),
+                };
+                let before = stamps(&t, &m).map_err(|e| e.to_string())?;
+                verify_tree(&t, &m)?;
+                Ok::<_, String>((m, before))
             })
             .await
             .map_err(|e| ApiError::internal(e.to_string()))?;
             match checked {
-                Ok(m) => return Ok((tree.clone(), self.remember(*digest, &tree, m)?, false)),
+                Ok((m, before)) => {
+                    return Ok((tree, self.remember(*digest, m, before), false));
+                }
                 Err(why) => {
                     tracing::warn!(%digest, why, "a prepared tree does not verify: fetched afresh");
                     if let Ok(mut v) = self.verified.lock() {
@@ -279,9 +288,9 @@ impl NodeState {
             }
         }
         match self.fetch(digest, &tree).await {
-            Ok(manifest) => {
+            Ok((manifest, built)) => {
                 NodeStats::bump(&self.stats.fetches);
-                let manifest = self.remember(*digest, &tree, Arc::new(manifest))?;
+                let manifest = self.remember(*digest, Arc::new(manifest), built);
                 Ok((tree, manifest, true))
             }
             Err(e) => {
@@ -291,8 +300,13 @@ impl NodeState {
         }
     }
 
-    /// Downloads `digest` from Core and builds its verified tree at `tree`.
-    async fn fetch(&self, digest: &Digest, tree: &std::path::Path) -> ApiResult<Manifest> {
+    /// Downloads `digest` from Core and builds its verified tree at `tree`: its manifest and
+    /// its files' stamps.
+    async fn fetch(
+        &self,
+        digest: &Digest,
+        tree: &std::path::Path,
+    ) -> ApiResult<(Manifest, Vec<FileStamp>)> {
         let url = format!("{}/v1/nodes/archives/{digest}", self.core.url);
         let unavailable = |why: String| {
             ApiError::new(
@@ -328,18 +342,17 @@ impl NodeState {
             .map_err(|e| ApiError::internal(e.to_string()))?;
         match (cut, built) {
             (Some(why), _) | (None, Err(why)) => Err(unavailable(why)),
-            (None, Ok(manifest)) => Ok(manifest),
+            (None, Ok(built)) => Ok(built),
         }
     }
 
-    /// Records `tree`, just verified against `manifest`, with its files' stamps now.
+    /// Records the tree of `digest` as verified against `manifest`, its files as `stamps` say.
     fn remember(
         &self,
         digest: Digest,
-        tree: &std::path::Path,
         manifest: Arc<Manifest>,
-    ) -> ApiResult<Arc<Manifest>> {
-        let stamps = stamps(tree, &manifest).map_err(|e| ApiError::internal(e.to_string()))?;
+        stamps: Vec<FileStamp>,
+    ) -> Arc<Manifest> {
         if let Ok(mut v) = self.verified.lock() {
             v.insert(
                 digest,
@@ -349,7 +362,7 @@ impl NodeState {
                 },
             );
         }
-        Ok(manifest)
+        manifest
     }
 }
 
@@ -444,13 +457,14 @@ fn recompute(tree: &std::path::Path, digest: &Digest) -> Result<Manifest, String
 }
 
 /// Extracts `tar` into fresh staging, checks it is exactly `digest`, makes it read-only and
-/// renames it to `dest`: a partial or corrupt transfer never lands.
+/// renames it to `dest` (a partial or corrupt transfer never lands): its manifest and its
+/// files' stamps.
 fn build_tree(
     staging_root: &std::path::Path,
     tar: impl std::io::Read,
     digest: &Digest,
     dest: &std::path::Path,
-) -> Result<Manifest, String> {
+) -> Result<(Manifest, Vec<FileStamp>), String> {
     use skillbox_package::write::{DirWriteOptions, finish_tree};
     let staging =
         skillbox_package::StagingDir::new_in(staging_root, "fetch-").map_err(|e| e.to_string())?;
@@ -476,10 +490,13 @@ fn build_tree(
         },
     )
     .map_err(|e| e.to_string())?;
+    // Taken while the tree is still private: renaming it changes no file's stamp.
+    let built = stamps(&root, &manifest).map_err(|e| e.to_string())?;
     match staging.commit(Some(std::path::Path::new("t")), dest) {
-        Ok(()) => Ok(manifest),
-        // Another execution fetched the same package meanwhile: identical.
-        Err(_) if dest.is_dir() => Ok(manifest),
+        Ok(()) => Ok((manifest, built)),
+        // Another process put the same package there meanwhile: its stamps differ, so its
+        // first use verifies it.
+        Err(_) if dest.is_dir() => Ok((manifest, built)),
         Err(e) => Err(e.to_string()),
     }
 }
