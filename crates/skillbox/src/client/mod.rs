@@ -6,11 +6,13 @@
 
 mod admin;
 mod drafts;
+mod mcp;
 mod runs;
 mod skills;
 
 pub use admin::TokenCommand;
 pub use drafts::DraftCommand;
+pub use mcp::McpArgs;
 pub use runs::RunCommand;
 
 use anyhow::Context;
@@ -107,6 +109,9 @@ pub enum ClientCommand {
     /// Tokens (admin).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Serve MCP on stdin/stdout for one workspace: one session is one run (pinned skills,
+    /// a sandbox), finished when the client closes the session.
+    Mcp(McpArgs),
     /// Re-verify stored content against digests (admin).
     Fsck,
 }
@@ -277,6 +282,9 @@ pub fn run(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
+    if let ClientCommand::Mcp(a) = cmd {
+        return mcp::serve(conn, a).await;
+    }
     let j = conn.json;
     let c = Client::new(conn)?;
     match cmd {
@@ -302,6 +310,7 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
             admin::create_token(&c, role, j).await?
         }
         ClientCommand::Fsck => return admin::fsck(&c, j).await,
+        ClientCommand::Mcp(_) => unreachable!("served above"),
     }
     Ok(ExitCode::SUCCESS)
 }
