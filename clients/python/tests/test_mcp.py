@@ -3,6 +3,7 @@ is one run whose pins hold while new revisions are published; tools per role; er
 errors carrying the SPEC code; the session's end finishes its run."""
 import os
 
+import anyio
 import pytest
 
 mcp = pytest.importorskip("mcp")
@@ -27,8 +28,14 @@ async def test_a_session_keeps_its_pins_and_ends_its_run(server, workspace, tmp_
     c = sb.Client(server.url, ADMIN, workspace=workspace)
     c.publish("hello", skill_dir(str(tmp_path / "h"), "hello", "v1"))
     c.publish("other", skill_dir(str(tmp_path / "o"), "other", "o"))
+    notified = anyio.Event()
+
+    async def on_message(message):
+        if type(getattr(message, "root", message)).__name__ == "ResourceListChangedNotification":
+            notified.set()
+
     async with stdio_client(params(server, ADMIN, workspace, "--skill", "hello")) as (read, write):
-        async with ClientSession(read, write) as session:
+        async with ClientSession(read, write, message_handler=on_message) as session:
             init = await session.initialize()
             assert "<available_skills>" in init.instructions and "hello" in init.instructions
             assert "other" not in init.instructions
@@ -41,7 +48,19 @@ async def test_a_session_keeps_its_pins_and_ends_its_run(server, workspace, tmp_
             assert not a.is_error, text(a)
             assert a.structured_content["revision"] == 1
             run_id = a.structured_content["run_id"]
+            uris = {str(r.uri) for r in (await session.list_resources()).resources}
+            assert uris == {"skill://hello/1/SKILL.md", "skill://hello/1/scripts/run.sh"}, uris
+            templates = (await session.list_resource_templates()).resource_templates
+            assert [t.uri_template for t in templates] == ["skill://{name}/{revision}/{path}"]
             c.publish("hello", skill_dir(str(tmp_path / "h"), "hello", "v2"))
+            with anyio.fail_after(20):
+                await notified.wait()  # notifications/resources/list_changed
+            read_back = await session.read_resource("skill://hello/1/scripts/run.sh")
+            assert "v1" in read_back.contents[0].text
+            uris = {str(r.uri) for r in (await session.list_resources()).resources}
+            assert "skill://hello/1/SKILL.md" in uris and not any("/2/" in u for u in uris), "a pin moved"
+            with pytest.raises(Exception):
+                await session.read_resource("skill://hello/2/scripts/run.sh")  # not pinned here
             r = await session.call_tool("read_skill_file", {"name": "hello", "path": "scripts/run.sh"})
             assert "v1" in r.structured_content["text"]
             r = await session.call_tool("run_command", {"command": "./scripts/run.sh", "skill": "hello"})

@@ -9,7 +9,12 @@
 use super::{Client, Conn, ServerError};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{
     ErrorData as McpError, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router,
 };
@@ -282,13 +287,190 @@ impl Session {
     }
 }
 
+/// The URI of a file of a pinned revision.
+fn resource_uri(name: &str, revision: &Value, path: &str) -> String {
+    format!("skill://{name}/{revision}/{path}")
+}
+
+impl Session {
+    /// Every file of every revision this session pinned, as resources.
+    async fn pinned_resources(&self) -> anyhow::Result<Vec<Resource>> {
+        let Some(run_id) = &self.run_id else {
+            return Ok(vec![]);
+        };
+        let run: Value = self
+            .client
+            .get(self.client.ws_url(&format!("runs/{run_id}")))
+            .await?;
+        let mut resources = Vec::new();
+        for pin in run["activations"].as_array().into_iter().flatten() {
+            let (Some(name), revision) = (pin["skill"].as_str(), &pin["revision"]) else {
+                continue;
+            };
+            let detail: Value = self
+                .client
+                .get(
+                    self.client
+                        .ws_url(&format!("skills/{name}/revisions/{revision}")),
+                )
+                .await?;
+            for file in detail["manifest"].as_array().into_iter().flatten() {
+                let path = file["path"].as_str().unwrap_or_default();
+                resources.push(
+                    Resource::new(resource_uri(name, revision, path), format!("{name}/{path}"))
+                        .with_description(format!("{path} of {name} r{revision} (pinned)"))
+                        .with_size(file["size"].as_u64().unwrap_or(0)),
+                );
+            }
+        }
+        Ok(resources)
+    }
+
+    /// `skill://{name}/{revision}/{path}` of a revision this session pinned: its bytes.
+    async fn read_pinned(&self, uri: &str) -> Result<ResourceContents, McpError> {
+        let not_found = |why: String| McpError::resource_not_found(why, Some(json!({"uri": uri})));
+        let rest = uri
+            .strip_prefix("skill://")
+            .ok_or_else(|| not_found("not a skill:// URI".into()))?;
+        let mut parts = rest.splitn(3, '/');
+        let (Some(name), Some(revision), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(not_found(
+                "expected skill://{name}/{revision}/{path}".into(),
+            ));
+        };
+        let run_id = self.run()?;
+        let run: Value = self
+            .client
+            .get(self.client.ws_url(&format!("runs/{run_id}")))
+            .await
+            .map_err(|e| McpError::internal_error(format!("{e:#}"), None))?;
+        let pinned = run["activations"]
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["skill"] == name))
+            .map(|p| p["revision"].to_string());
+        if pinned.as_deref() != Some(revision) {
+            return Err(not_found(format!(
+                "{name} r{revision} is not pinned in this session (pinned: {})",
+                pinned.unwrap_or_else(|| "none".into())
+            )));
+        }
+        let url = self
+            .client
+            .ws_url(&format!("runs/{run_id}/skills/{name}/files/{path}"));
+        let bytes =
+            self.client
+                .bytes(url)
+                .await
+                .map_err(|e| match e.downcast_ref::<ServerError>() {
+                    Some(se) => McpError::resource_not_found(
+                        format!("{}: {}", se.body.error.code, se.body.error.message),
+                        serde_json::to_value(&se.body).ok(),
+                    ),
+                    None => McpError::internal_error(format!("{e:#}"), None),
+                })?;
+        Ok(match String::from_utf8(bytes.to_vec()) {
+            Ok(text) => ResourceContents::text(text, uri),
+            Err(_) => {
+                use base64::Engine;
+                let blob = base64::engine::general_purpose::STANDARD.encode(&bytes);
+                ResourceContents::blob(blob, uri).with_mime_type("application/octet-stream")
+            }
+        })
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_resources()
+            .enable_resources_list_changed()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("skillbox", env!("CARGO_PKG_VERSION")))
             .with_instructions(self.instructions.clone())
     }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let resources = self
+            .pinned_resources()
+            .await
+            .map_err(|e| McpError::internal_error(format!("{e:#}"), None))?;
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            ResourceTemplate::new("skill://{name}/{revision}/{path}", "skill-file")
+                .with_description("A file of a skill revision pinned in this session"),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let contents = self.read_pinned(&request.uri).await?;
+        Ok(ReadResourceResult::new(vec![contents]).into())
+    }
+}
+
+/// Tells the client `notifications/resources/list_changed` whenever a skill's current revision
+/// moves (the workspace's event log, followed from `after`); the session's pins do not move.
+async fn announce_list_changes(client: Arc<Client>, peer: rmcp::Peer<RoleServer>, mut after: i64) {
+    loop {
+        let url = format!("{}?after={after}&follow=true", client.ws_url("events"));
+        if let Ok(mut resp) = client.send(client.req(reqwest::Method::GET, url)).await {
+            let mut pending = String::new();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                pending.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = pending.find("\n\n") {
+                    let frame: String = pending.drain(..end + 2).collect();
+                    for line in frame.lines() {
+                        if let Some(id) = line.strip_prefix("id:") {
+                            after = id.trim().parse().unwrap_or(after);
+                        }
+                        let kind = line.strip_prefix("event:").map(str::trim);
+                        if matches!(
+                            kind,
+                            Some("skill.published" | "skill.current_moved" | "skill.deleted")
+                        ) && peer.notify_resource_list_changed().await.is_err()
+                        {
+                            return; // the session is over
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// The sequence number of the workspace's latest event (0 if none).
+async fn latest_event(client: &Client) -> anyhow::Result<i64> {
+    let url = format!("{}?after=0&follow=false", client.ws_url("events"));
+    let text = client
+        .send(client.req(reqwest::Method::GET, url))
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.strip_prefix("id:"))
+        .filter_map(|id| id.trim().parse().ok())
+        .max()
+        .unwrap_or(0))
 }
 
 /// `skillbox mcp`: serves one session on stdin/stdout until the client closes it.
@@ -350,9 +532,17 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
             }
         })
     });
+    let after = latest_event(&client).await?;
     let served = async {
         let service = session.serve(rmcp::transport::stdio()).await?;
-        service.waiting().await?;
+        let announcer = tokio::spawn(announce_list_changes(
+            client.clone(),
+            service.peer().clone(),
+            after,
+        ));
+        let waited = service.waiting().await;
+        announcer.abort();
+        waited?;
         anyhow::Ok(())
     }
     .await;
