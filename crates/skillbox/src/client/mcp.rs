@@ -475,6 +475,13 @@ async fn latest_event(client: &Client) -> anyhow::Result<i64> {
 
 /// `skillbox mcp`: serves one session on stdin/stdout until the client closes it.
 pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
+    // Standard output is the protocol's: logs (`SKILLBOX_LOG`, default warnings) go to stderr.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .try_init();
     let client = Arc::new(Client::new(conn)?);
     let who: Value = client.get(client.url("/v1/whoami")).await?;
     let mut body = json!({"ttl_seconds": a.ttl_seconds});
