@@ -209,19 +209,37 @@ class _Api:
         return (yield _Request("POST", "/v1/admin/fsck"))
 
 
-def _sse_events(lines: Iterator[str]) -> Iterator[Event]:
-    data: List[str] = []
-    for line in lines:
+def _advance(call: Call, req: _Request, resp: httpx.Response) -> _Request:
+    """Hands `resp` (its parsed answer, or its error) to the call; the next request it needs.
+    Raises `StopIteration` with the call's result when it is done."""
+    try:
+        result = _answer(resp, req.raw)
+    except SkillboxError as e:
+        return call.throw(e)
+    return call.send(result)
+
+
+class _SseParser:
+    """Events out of Server-Sent Events lines, fed one line at a time."""
+
+    def __init__(self) -> None:
+        self._data: List[str] = []
+
+    def feed(self, line: str) -> Optional[Event]:
         if line == "":
-            if data:
-                yield Event(json.loads("\n".join(data)))
-            data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
+            data, self._data = self._data, []
+            return Event(json.loads("\n".join(data))) if data else None
+        if line.startswith("data:"):
+            self._data.append(line[5:].lstrip(" "))
+        return None
 
 
 class _Base:
     _http: Any
+    url: str
+
+    def _unreachable(self, e: Exception) -> Unavailable:
+        return Unavailable("unavailable", 0, f"cannot reach {self.url}: {e}")
 
     def _build(self, req: _Request) -> httpx.Request:
         return self._http.build_request(req.method, req.path, json=req.json_body if req.content is None else None,
@@ -248,13 +266,8 @@ class Client(_Base):
                 try:
                     resp = self._http.send(self._build(req))
                 except httpx.TransportError as e:
-                    raise Unavailable("unavailable", 0, f"cannot reach {self.url}: {e}") from e
-                try:
-                    result = _answer(resp, req.raw)
-                except SkillboxError as e:
-                    req = call.throw(e)
-                    continue
-                req = call.send(result)
+                    raise self._unreachable(e) from e
+                req = _advance(call, req, resp)
         except StopIteration as done:
             return done.value
 
@@ -346,9 +359,12 @@ class Client(_Base):
                     if resp.status_code >= 400:
                         resp.read()
                         _answer(resp, False)
-                    for event in _sse_events(resp.iter_lines()):
-                        last = event.seq
-                        yield event
+                    parser = _SseParser()
+                    for line in resp.iter_lines():
+                        event = parser.feed(line)
+                        if event is not None:
+                            last = event.seq
+                            yield event
                 if not follow:
                     return
             except httpx.TransportError:
@@ -424,13 +440,8 @@ class AsyncClient(_Base):
                 try:
                     resp = await self._http.send(self._build(req))
                 except httpx.TransportError as e:
-                    raise Unavailable("unavailable", 0, f"cannot reach {self.url}: {e}") from e
-                try:
-                    result = _answer(resp, req.raw)
-                except SkillboxError as e:
-                    req = call.throw(e)
-                    continue
-                req = call.send(result)
+                    raise self._unreachable(e) from e
+                req = _advance(call, req, resp)
         except StopIteration as done:
             return done.value
 
@@ -519,16 +530,12 @@ class AsyncClient(_Base):
                     if resp.status_code >= 400:
                         await resp.aread()
                         _answer(resp, False)
-                    data: List[str] = []
+                    parser = _SseParser()
                     async for line in resp.aiter_lines():
-                        if line == "":
-                            if data:
-                                event = Event(json.loads("\n".join(data)))
-                                last = event.seq
-                                yield event
-                            data = []
-                        elif line.startswith("data:"):
-                            data.append(line[5:].lstrip(" "))
+                        event = parser.feed(line)
+                        if event is not None:
+                            last = event.seq
+                            yield event
                 if not follow:
                     return
             except httpx.TransportError:

@@ -2,7 +2,7 @@
 
 use super::{Client, print};
 use reqwest::Method;
-use skillbox_api::{CreateToken, Event, FsckReport, GcReport, GcRequest, TokenCreated};
+use skillbox_api::{CreateToken, FsckReport, GcReport, GcRequest, TokenCreated};
 use std::process::ExitCode;
 
 #[derive(clap::Subcommand)]
@@ -17,25 +17,9 @@ pub enum TokenCommand {
 }
 
 pub(super) async fn events(c: &Client, after: i64, follow: bool, j: bool) -> anyhow::Result<()> {
-    use futures_util::StreamExt;
-    let url = c.ws_url(&format!("events?after={after}&follow={follow}"));
-    let resp = c.send(c.req(Method::GET, url)).await?;
-    let mut stream = resp.bytes_stream();
-    let mut buf = String::new();
-    while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk?));
-        while let Some(end) = buf.find("\n\n") {
-            let frame: String = buf.drain(..end + 2).collect();
-            let Some(data) = frame
-                .lines()
-                .find_map(|l| l.strip_prefix("data:"))
-                .map(str::trim)
-            else {
-                continue;
-            };
-            let v: Event = serde_json::from_str(data)?;
-            print(j, &v, || format!("#{} {} {}", v.seq, v.kind, v.data));
-        }
+    let mut feed = c.events(after, follow).await?;
+    while let Some(v) = feed.next().await? {
+        print(j, &v, || format!("#{} {} {}", v.seq, v.kind, v.data));
     }
     Ok(())
 }

@@ -430,26 +430,15 @@ impl ServerHandler for Session {
 /// moves (the workspace's event log, followed from `after`); the session's pins do not move.
 async fn announce_list_changes(client: Arc<Client>, peer: rmcp::Peer<RoleServer>, mut after: i64) {
     loop {
-        let url = format!("{}?after={after}&follow=true", client.ws_url("events"));
-        if let Ok(mut resp) = client.send(client.req(reqwest::Method::GET, url)).await {
-            let mut pending = String::new();
-            while let Ok(Some(chunk)) = resp.chunk().await {
-                pending.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = pending.find("\n\n") {
-                    let frame: String = pending.drain(..end + 2).collect();
-                    for line in frame.lines() {
-                        if let Some(id) = line.strip_prefix("id:") {
-                            after = id.trim().parse().unwrap_or(after);
-                        }
-                        let kind = line.strip_prefix("event:").map(str::trim);
-                        if matches!(
-                            kind,
-                            Some("skill.published" | "skill.current_moved" | "skill.deleted")
-                        ) && peer.notify_resource_list_changed().await.is_err()
-                        {
-                            return; // the session is over
-                        }
-                    }
+        if let Ok(mut feed) = client.events(after, true).await {
+            while let Ok(Some(event)) = feed.next().await {
+                after = event.seq;
+                let moved = matches!(
+                    event.kind.as_str(),
+                    "skill.published" | "skill.current_moved" | "skill.deleted"
+                );
+                if moved && peer.notify_resource_list_changed().await.is_err() {
+                    return; // the session is over
                 }
             }
         }
@@ -459,18 +448,12 @@ async fn announce_list_changes(client: Arc<Client>, peer: rmcp::Peer<RoleServer>
 
 /// The sequence number of the workspace's latest event (0 if none).
 async fn latest_event(client: &Client) -> anyhow::Result<i64> {
-    let url = format!("{}?after=0&follow=false", client.ws_url("events"));
-    let text = client
-        .send(client.req(reqwest::Method::GET, url))
-        .await?
-        .text()
-        .await?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.strip_prefix("id:"))
-        .filter_map(|id| id.trim().parse().ok())
-        .max()
-        .unwrap_or(0))
+    let mut feed = client.events(0, false).await?;
+    let mut latest = 0;
+    while let Some(event) = feed.next().await? {
+        latest = event.seq;
+    }
+    Ok(latest)
 }
 
 /// `skillbox mcp`: serves one session on stdin/stdout until the client closes it.

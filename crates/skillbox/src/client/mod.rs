@@ -251,12 +251,51 @@ impl Client {
         self.call(self.req(reqwest::Method::GET, url)).await
     }
 
+    /// The workspace's events after `after`; with `follow`, new ones as they come.
+    async fn events(&self, after: i64, follow: bool) -> anyhow::Result<EventFeed> {
+        let url = self.ws_url(&format!("events?after={after}&follow={follow}"));
+        Ok(EventFeed {
+            resp: self.send(self.req(reqwest::Method::GET, url)).await?,
+            pending: Vec::new(),
+        })
+    }
+
     async fn bytes(&self, url: String) -> anyhow::Result<bytes::Bytes> {
         Ok(self
             .send(self.req(reqwest::Method::GET, url))
             .await?
             .bytes()
             .await?)
+    }
+}
+
+/// The workspace's event log as it arrives: Server-Sent Events frames read into events.
+struct EventFeed {
+    resp: reqwest::Response,
+    pending: Vec<u8>,
+}
+
+impl EventFeed {
+    /// The next event; `None` when the server ended the stream.
+    async fn next(&mut self) -> anyhow::Result<Option<skillbox_api::Event>> {
+        loop {
+            if let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
+                let frame: Vec<u8> = self.pending.drain(..end + 2).collect();
+                let frame = String::from_utf8_lossy(&frame);
+                if let Some(data) = frame
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data:"))
+                    .map(str::trim)
+                {
+                    return Ok(Some(serde_json::from_str(data)?));
+                }
+                continue;
+            }
+            match self.resp.chunk().await? {
+                Some(chunk) => self.pending.extend_from_slice(&chunk),
+                None => return Ok(None),
+            }
+        }
     }
 }
 

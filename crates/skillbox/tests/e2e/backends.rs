@@ -56,7 +56,10 @@ impl RemoteNode {
         }
         let mut token = self.token.lock().unwrap();
         if token.is_empty() {
-            *token = node_token_by_cli(&core.url);
+            *token = node_token_by_cli(&core.url)["token"]
+                .as_str()
+                .unwrap()
+                .to_string();
         }
         let mut args = self.args.lock().unwrap();
         if args.is_empty() {

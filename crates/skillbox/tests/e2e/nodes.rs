@@ -6,7 +6,6 @@
 
 use crate::support::*;
 use serde_json::{Value, json};
-use std::process::Command;
 use std::time::Duration;
 
 /// `hello` v1 published, a run of it, and its first execution through Core (placing it on a
@@ -69,13 +68,7 @@ async fn a_node_registers_heartbeats_is_lost_when_stopped_and_keeps_its_identity
     let c = http();
 
     // The CLI mints a node token of no workspace.
-    let out = Command::new(bin())
-        .args([
-            "--json", "--url", &core.url, "--token", ADMIN, "token", "create", "--role", "node",
-        ])
-        .output()
-        .unwrap();
-    let minted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let minted = node_token_by_cli(&core.url);
     assert_eq!(
         (&minted["role"], &minted["workspace"]),
         (&json!("node"), &Value::Null),
@@ -876,10 +869,9 @@ async fn a_docker_node_runs_the_runs_executions_in_its_containers() {
 async fn any_core_server_routes_a_run_to_its_node() {
     let dir = tempfile::tempdir().unwrap();
     let storage = ScaleOut::fresh();
-    let mut args = vec!["--box", "remote", "--node-timeout", "10"];
-    args.extend(storage.args());
-    let a = Server::start(&dir.path().join("a"), &args);
-    let b = Server::start(&dir.path().join("b"), &args);
+    let remote = ["--box", "remote", "--node-timeout", "10"];
+    let a = storage.server_with(&dir.path().join("a"), &remote);
+    let b = storage.server_with(&dir.path().join("b"), &remote);
     let c = http();
     publish(
         &c,

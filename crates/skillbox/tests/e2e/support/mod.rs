@@ -623,7 +623,14 @@ impl ScaleOut {
 
     /// A server on this storage with its own data directory `dir`.
     pub fn server(&self, dir: &Path) -> Server {
-        Server::start(dir, &self.args())
+        self.server_with(dir, &[])
+    }
+
+    /// [`ScaleOut::server`] with `extra` arguments.
+    pub fn server_with(&self, dir: &Path, extra: &[&str]) -> Server {
+        let mut args = self.args().to_vec();
+        args.extend_from_slice(extra);
+        Server::start(dir, &args)
     }
 }
 

@@ -91,9 +91,9 @@ impl Drop for Node {
     }
 }
 
-/// A node token minted by the admin through the CLI (`skillbox token create --role node`),
-/// for code that cannot await.
-pub fn node_token_by_cli(core_url: &str) -> String {
+/// A node token minted by the admin through the CLI (`skillbox --json token create --role
+/// node`), for code that cannot await: the CLI's answer.
+pub fn node_token_by_cli(core_url: &str) -> serde_json::Value {
     let out = Command::new(bin())
         .args([
             "--json", "--url", core_url, "--token", ADMIN, "token", "create", "--role", "node",
@@ -105,6 +105,5 @@ pub fn node_token_by_cli(core_url: &str) -> String {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let minted: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    minted["token"].as_str().unwrap().to_string()
+    serde_json::from_slice(&out.stdout).unwrap()
 }
