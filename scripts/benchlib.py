@@ -42,6 +42,10 @@ def serve(data_dir, extra=(), env=None):
 LUA = r'''
 local lines = {}
 for line in io.lines(os.getenv("SB_LINES")) do lines[#lines + 1] = line end
+local extra = {}
+for h in string.gmatch(os.getenv("SB_HEADERS") or "", "[^|]+") do
+  local k, v = h:match("^([^:]+):%s*(.*)$"); extra[k] = v
+end
 local threads, counter = 0, 0
 function setup(thread) threads = threads + 1; thread:set("tid", threads) end
 function init(args) counter = tid - 1; stride = tonumber(os.getenv("SB_STRIDE")) end
@@ -51,24 +55,27 @@ function request()
   local method, path, tok, body = l:match("^(%S+) (%S+) (%S+) ?(.*)$")
   local headers = { ["Authorization"] = "Bearer " .. tok }
   if body ~= "" then headers["Content-Type"] = "application/json" else body = nil end
+  for k, v in pairs(extra) do headers[k] = v end
   return wrk.format(method, path, headers, body)
 end
 '''
 
 
-def wrk_command(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w"):
-    """The wrk process for `lines` ("METHOD PATH TOKEN [JSON]") against `url`, started."""
+def wrk_command(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w", headers=None):
+    """The wrk process for `lines` ("METHOD PATH TOKEN [JSON]") against `url`, started; every
+    request also carries `headers` (a dict)."""
     with open(f"{tmp}/lines-{tag}.txt", "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(f"{tmp}/script.lua", "w") as f:
         f.write(LUA)
-    env = dict(os.environ, SB_LINES=f"{tmp}/lines-{tag}.txt", SB_STRIDE=str(stride or threads))
+    env = dict(os.environ, SB_LINES=f"{tmp}/lines-{tag}.txt", SB_STRIDE=str(stride or threads),
+               SB_HEADERS="|".join(f"{k}: {v}" for k, v in (headers or {}).items()))
     return subprocess.Popen(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s", f"{tmp}/script.lua", url],
                             env=env, stdout=subprocess.PIPE, text=True)
 
 
-def wrk(url, lines, tmp, conns, seconds, threads=2, stride=None):
-    p = wrk_command(url, lines, tmp, conns, seconds, threads, stride)
+def wrk(url, lines, tmp, conns, seconds, threads=2, stride=None, headers=None):
+    p = wrk_command(url, lines, tmp, conns, seconds, threads, stride, headers=headers)
     out, _ = p.communicate()
     assert p.returncode == 0, out
     return parse(out)

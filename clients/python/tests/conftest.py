@@ -1,4 +1,5 @@
 """A real `skillbox serve` (the workspace's debug build, or $SKILLBOX_BIN) per test session."""
+import hashlib
 import os
 import shutil
 import socket
@@ -64,7 +65,12 @@ def server():
 
 @pytest.fixture
 def workspace(request):
-    return "ws-" + request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
+    """A workspace of this test's own: its name, cut short, plus a digest of the whole node
+    name, so parametrized variants (`[stdio]`, `[http]`) do not share one."""
+    name = request.node.name
+    tag = hashlib.sha256(name.encode()).hexdigest()[:8]
+    short = name.replace("[", "-").replace("]", "").replace("_", "-")[:32].strip("-")
+    return "ws-" + short.replace("--", "-") + "-" + tag
 
 
 def skill_dir(root, name, says, extra=None):

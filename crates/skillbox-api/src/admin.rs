@@ -109,3 +109,9 @@ pub struct Event {
     pub at: i64,
     pub data: Value,
 }
+
+/// `GET /v1/admin/workspaces`: the workspaces that have skills or tokens, by name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkspaceList {
+    pub workspaces: Vec<String>,
+}

@@ -182,3 +182,20 @@ mod tests {
         assert_eq!(answer.stdout, None);
     }
 }
+
+/// `GET /v1/workspaces/{ws}/runs`: the workspace's live runs, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunList {
+    pub runs: Vec<LiveRun>,
+}
+
+/// A live run as the console shows it: the run, and where its sandbox is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveRun {
+    #[serde(flatten)]
+    pub run: RunView,
+    /// The backend of the run's sandbox on this server (`bwrap`, `docker`), when it has one.
+    pub sandbox: Option<String>,
+    /// The execution node its sandbox is placed on (`serve --box remote`), when placed.
+    pub node: Option<String>,
+}

@@ -120,6 +120,11 @@ pub enum Placement {
 }
 
 impl Registry {
+    /// The node run `run_id`'s sandbox is placed on, if it is placed (no placement made).
+    pub async fn placed_on(&self, run_id: &str) -> Result<Option<String>> {
+        self.meta.placement(run_id).await
+    }
+
     /// The node of run `run_id`'s sandbox: where it was placed, or — at its first execution,
     /// or when a new sandbox is asked for — the least loaded live node.
     pub async fn placement(

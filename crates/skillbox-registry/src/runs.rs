@@ -101,6 +101,27 @@ impl Registry {
         })
     }
 
+    /// The workspace's live runs with their activations, newest first (at most 500: a
+    /// console's page, not an export).
+    pub async fn live_runs(&self, workspace: &str) -> Result<Vec<RunView>> {
+        let ids = self.meta.live_run_ids(workspace, now_ms(), 500).await?;
+        let mut runs = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.run(workspace, &id).await {
+                Ok(run) => runs.push(run),
+                // Finished between the two reads.
+                Err(RegistryError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(runs)
+    }
+
+    /// The names of the workspaces that have skills or tokens.
+    pub async fn workspaces(&self) -> Result<Vec<String>> {
+        self.meta.workspace_names().await
+    }
+
     /// Renews the lease when less than half of it is left (so hot paths write rarely).
     async fn touch_lease(&self, id: &str, ttl_ms: i64, expires_at: i64) -> Result<()> {
         let now = now_ms();

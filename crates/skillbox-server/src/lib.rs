@@ -15,6 +15,7 @@
 //! - `/healthz`, Prometheus `/metrics`, `/openapi.json` from the route table in [`openapi`].
 
 pub mod auth;
+pub mod console;
 pub mod error;
 pub mod extract;
 pub mod metrics;
@@ -79,7 +80,15 @@ pub type SharedState = Arc<AppState>;
 
 /// The application router.
 pub fn router(state: SharedState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// The application router with `mounted` routes beside [`routes::ROUTES`] (services the
+/// binary builds, such as the MCP endpoint): observed and timed like every route, each behind
+/// the access check it puts on itself ([`routes::mount`]).
+pub fn router_with(state: SharedState, mounted: Router<SharedState>) -> Router {
     routes::router(&state)
+        .merge(mounted)
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -173,11 +182,10 @@ pub fn spawn_revocation_killer(state: SharedState) {
 /// Serves until `shutdown` resolves, then drains in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: SharedState,
+    app: Router,
+    limits: ConnectionLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let limits = state.cfg.connections;
-    let app = router(state);
     // Every open connection holds a permit: past the bound, new connections wait in the
     // listen backlog instead of costing a task and buffers each.
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));

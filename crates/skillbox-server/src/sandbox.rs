@@ -10,6 +10,11 @@ use skillbox_registry::{ExecContext, RegistryError};
 use std::sync::Arc;
 
 impl AppState {
+    /// Whether executions can run: a local box, or execution nodes (`--box remote`).
+    pub fn box_available(&self) -> bool {
+        self.sandbox.is_some() || self.remote.is_some()
+    }
+
     /// The running box, or `box_unavailable` saying what still works.
     pub fn running_box(&self) -> ApiResult<Arc<BoxRuntime>> {
         self.sandbox.clone().ok_or_else(|| {

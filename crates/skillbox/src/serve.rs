@@ -213,7 +213,24 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         skillbox_server::spawn_upkeep(state.clone(), std::time::Duration::from_secs(5), gc_every);
         skillbox_server::spawn_revocation_killer(state.clone());
         skillbox_server::remote::spawn_revocation_relay(state.clone());
-        skillbox_server::serve(listener, state, shutdown_signal()).await?;
+        // The MCP endpoint's sessions call this server's own API, on loopback.
+        let local = listener.local_addr()?;
+        let loopback = match local.ip() {
+            ip if ip.is_unspecified() && ip.is_ipv4() => std::net::SocketAddr::from(([127, 0, 0, 1], local.port())),
+            ip if ip.is_unspecified() => std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, local.port())),
+            _ => local,
+        };
+        let mcp = crate::client::mcp_http_service(format!("http://{loopback}"), state.box_available())?;
+        let mounted = skillbox_server::routes::mount(
+            &state,
+            "/v1/workspaces/{ws}/mcp",
+            skillbox_server::auth::Access::Workspace(skillbox_registry::Role::Reader),
+            axum::routing::any_service(mcp),
+        )
+        .layer(axum::middleware::from_fn(crate::client::session_end_as_no_content));
+        let limits = state.cfg.connections;
+        let app = skillbox_server::router_with(state, mounted);
+        skillbox_server::serve(listener, app, limits, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })

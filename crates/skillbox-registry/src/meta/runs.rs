@@ -421,4 +421,30 @@ impl MetaStore {
         );
         Ok(r.rows_affected())
     }
+
+    /// The ids of the workspace's live runs (active, lease not lapsed at `now`), newest first,
+    /// at most `limit`.
+    pub async fn live_run_ids(&self, workspace: &str, now: i64, limit: i64) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT id FROM runs WHERE workspace = $1 AND state = 'active' AND expires_at > $2 \
+             ORDER BY created_at DESC, id LIMIT $3",
+        )
+        .bind(workspace)
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
+
+    /// The names of the workspaces that have skills or workspace tokens.
+    pub async fn workspace_names(&self) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT name FROM workspaces UNION SELECT workspace FROM tokens WHERE role <> 'node' \
+             AND workspace <> '' ORDER BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
+    }
 }

@@ -6,7 +6,7 @@ use crate::extract::ApiJson;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use skillbox_api::{CreateToken, FsckReport, GcReport, GcRequest, TokenCreated};
+use skillbox_api::{CreateToken, FsckReport, GcReport, GcRequest, TokenCreated, WorkspaceList};
 use skillbox_registry::Role;
 
 pub async fn create_token(
@@ -61,4 +61,10 @@ pub async fn gc(
 
 pub async fn fsck(State(s): State<SharedState>) -> ApiResult<Json<FsckReport>> {
     Ok(Json(s.registry.fsck().await?))
+}
+
+pub async fn workspaces(State(s): State<SharedState>) -> ApiResult<Json<WorkspaceList>> {
+    Ok(Json(WorkspaceList {
+        workspaces: s.registry.workspaces().await?,
+    }))
 }

@@ -93,6 +93,8 @@ pub static ROUTES: &[Route] = &[
         "Publish the draft with its base revision."),
     route!(POST "/v1/workspaces/{ws}/runs", RUNNER, runs::create,
         "Create a run {skills?, ttl_seconds?, require_immutable?}."),
+    route!(GET "/v1/workspaces/{ws}/runs", RUNNER, runs::list,
+        "The workspace's live runs, newest first: authorized skills, pins, lease, sandbox backend, node."),
     route!(GET "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::detail,
         "A run: state, lease and activations (pins)."),
     route!(DELETE "/v1/workspaces/{ws}/runs/{run}", RUNNER, runs::finish,
@@ -117,6 +119,8 @@ pub static ROUTES: &[Route] = &[
         "Collect unreferenced revisions and content {dry_run?, grace_seconds?}."),
     route!(POST "/v1/admin/fsck", Access::ServerAdmin, admin::fsck,
         "Re-verify stored content; report problems, change nothing."),
+    route!(GET "/v1/admin/workspaces", Access::ServerAdmin, admin::workspaces,
+        "The workspaces that have skills or tokens, by name."),
     route!(GET "/v1/admin/nodes", Access::ServerAdmin, nodes::list,
         "Execution nodes: id, address, state (live | lost), load, last heartbeat, version."),
     route!(POST "/v1/nodes", Access::Node, nodes::register,
@@ -129,27 +133,57 @@ pub static ROUTES: &[Route] = &[
         "Server-Sent Events: the node's prefetch set {packages: [{skill_id, revision, digest}]}, again whenever it moves."),
 ];
 
+/// `methods` behind the access check of `access`. A router of methods has its check on
+/// those methods (another method is a 405, checked or not); a service that answers every
+/// method (`any_service`: no method routes, only a fallback) has it on the whole.
+fn guarded(
+    state: &SharedState,
+    access: Access,
+    methods: MethodRouter<SharedState>,
+    every_method: bool,
+) -> MethodRouter<SharedState> {
+    if access == Access::Public {
+        return methods;
+    }
+    let check = axum::middleware::from_fn_with_state(
+        state.clone(),
+        move |state: axum::extract::State<SharedState>,
+              req: axum::extract::Request,
+              next: axum::middleware::Next| {
+            crate::auth::check(state, access, req, next)
+        },
+    );
+    if every_method {
+        methods.layer(check)
+    } else {
+        methods.route_layer(check)
+    }
+}
+
+/// A service the binary builds (the MCP endpoint, `axum::routing::any_service`), answering
+/// every method at `path` behind the access check of `access`: for [`crate::router_with`].
+pub fn mount(
+    state: &SharedState,
+    path: &str,
+    access: Access,
+    service: MethodRouter<SharedState>,
+) -> Router<SharedState> {
+    Router::new().route(path, guarded(state, access, service, true))
+}
+
 /// The router of [`ROUTES`], each route behind its access check.
 pub fn router(state: &SharedState) -> Router<SharedState> {
     let mut router = Router::new();
     for route in ROUTES {
         let filter = MethodFilter::try_from(route.method.clone())
             .unwrap_or_else(|_| panic!("route table: {} is not a routable method", route.method));
-        let mut methods = (route.handler)(filter);
-        if route.access != Access::Public {
-            let access = route.access;
-            methods = methods.route_layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                move |state: axum::extract::State<SharedState>,
-                      req: axum::extract::Request,
-                      next: axum::middleware::Next| {
-                    crate::auth::check(state, access, req, next)
-                },
-            ));
-        }
-        router = router.route(route.path, methods);
+        router = router.route(
+            route.path,
+            guarded(state, route.access, (route.handler)(filter), false),
+        );
     }
     router
+        .merge(crate::console::router())
         .layer(axum::extract::DefaultBodyLimit::max(2 * 1024 * 1024))
         .fallback(|| async {
             ApiError::new(ErrorCode::NotFound, "no such route; see /openapi.json")

@@ -98,6 +98,6 @@ pub async fn whoami(State(s): State<SharedState>, caller: Caller) -> ApiResult<J
     Ok(Json(WhoAmI {
         role: role.into(),
         workspace,
-        box_available: s.sandbox.is_some() || s.remote.is_some(),
+        box_available: s.box_available(),
     }))
 }

@@ -9,7 +9,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use skillbox_api::{Activate, Activation, CreateRun, Prompt, PromptSkill, RunView};
+use skillbox_api::{
+    Activate, Activation, CreateRun, LiveRun, Prompt, PromptSkill, RunList, RunView,
+};
 
 pub async fn create(
     State(s): State<SharedState>,
@@ -22,6 +24,35 @@ pub async fn create(
         .create_run(&ws, body.skills, body.ttl_seconds, body.require_immutable)
         .await?;
     Ok((StatusCode::CREATED, Json(run)))
+}
+
+/// The live runs, each with where its sandbox is: this server's box when it holds one for the
+/// run, else the node it is placed on.
+pub async fn list(
+    State(s): State<SharedState>,
+    ApiPath(ws): ApiPath<String>,
+) -> ApiResult<Json<RunList>> {
+    let local: std::collections::HashSet<String> = match &s.sandbox {
+        Some(b) => b.backend.sandboxes().into_iter().collect(),
+        None => Default::default(),
+    };
+    let backend = s
+        .sandbox
+        .as_ref()
+        .map(|b| b.backend.capabilities().backend.to_string());
+    let mut runs = Vec::new();
+    for run in s.registry.live_runs(&ws).await? {
+        let sandbox = local
+            .contains(&run.run_id)
+            .then(|| backend.clone())
+            .flatten();
+        let node = match s.remote {
+            Some(_) => s.registry.placed_on(&run.run_id).await?,
+            None => None,
+        };
+        runs.push(LiveRun { run, sandbox, node });
+    }
+    Ok(Json(RunList { runs }))
 }
 
 pub async fn detail(

@@ -1,18 +1,30 @@
-//! `skillbox mcp`: an MCP server over stdio for one workspace (SPEC §9.1), on the official
-//! Rust SDK (`rmcp`). The process is the session and the session is one run: created before
-//! the server answers `initialize` (whose `instructions` carry the run's
-//! `<available_skills>` index), its lease renewed while the process lives, finished when the
-//! client closes stdin. Every tool speaks the HTTP API through the client's [`Client`], so the
-//! pins, the checks and the errors are the server's own; an error is a tool error whose text
-//! starts with the SPEC code and whose structured content is the error envelope.
+//! The MCP server (SPEC §9.1) on the official Rust SDK (`rmcp`), one [`Session`] handler for
+//! both transports:
+//! - `skillbox mcp` over stdio: the process is the session, opened before the server answers
+//!   `initialize`, its run's lease renewed while the process lives, the run finished when the
+//!   client closes stdin;
+//! - Streamable HTTP at `/v1/workspaces/{ws}/mcp` on the server ([`http_service`]): a session
+//!   (protocol revisions with `initialize`) is opened by `initialize` from the request's
+//!   workspace and bearer token and ends when the client deletes it or it idles past its run's
+//!   lease; the run is finished then. On the stateless revision (2026-07-28) every request
+//!   stands alone: a tool call carries `run_id` (as `activate_skill` answered), and a call
+//!   without one gets a fresh run.
+//!
+//! Every tool speaks the HTTP API through the client's [`Client`], so the pins, the checks and
+//! the errors are the server's own; an error is a tool error whose text starts with the SPEC
+//! code and whose structured content is the error envelope.
 
 use super::{Client, Conn, ServerError};
+use axum::response::IntoResponse;
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ListResourceTemplatesResult, ListResourcesResult,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, DiscoverResult,
+    Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{
@@ -20,7 +32,7 @@ use rmcp::{
 };
 use serde_json::{Value, json};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 #[derive(clap::Args)]
 pub struct McpArgs {
@@ -28,9 +40,13 @@ pub struct McpArgs {
     #[arg(long = "skill")]
     pub skills: Vec<String>,
     /// The run's lease in seconds (renewed while the session lives).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = DEFAULT_TTL_SECONDS)]
     pub ttl_seconds: u64,
 }
+
+/// A session's run lease when the client names none (stdio `--ttl-seconds`; over HTTP, also
+/// how long an idle session lives).
+const DEFAULT_TTL_SECONDS: u64 = 600;
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 pub struct ActivateSkill {
@@ -38,6 +54,9 @@ pub struct ActivateSkill {
     pub name: String,
     /// A revision to pin (default: the current one).
     pub revision: Option<i64>,
+    /// Stateless protocol only: the run to pin in (as an earlier call answered; default: a
+    /// fresh run).
+    pub run_id: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -46,6 +65,8 @@ pub struct ReadSkillFile {
     pub name: String,
     /// A path inside the package, such as `SKILL.md` or `scripts/run.sh`.
     pub path: String,
+    /// Stateless protocol only: the run whose pin to read (as `activate_skill` answered).
+    pub run_id: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -62,12 +83,16 @@ pub struct RunCommand {
     pub stdin: Option<String>,
     /// Time limit in milliseconds.
     pub timeout_ms: Option<u64>,
+    /// Stateless protocol only: the run whose sandbox to use (as `activate_skill` answered).
+    pub run_id: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 pub struct CreateSkillDraft {
     /// The skill to draft a new revision of (from its current revision).
     pub name: String,
+    /// Stateless protocol only: the run whose sandbox holds the draft.
+    pub run_id: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
@@ -76,14 +101,72 @@ pub struct PublishSkillDraft {
     pub draft_id: String,
 }
 
-/// The MCP session: a run of the workspace.
-#[derive(Clone)]
-pub struct Session {
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+pub struct ListSkills {
+    /// Stateless protocol only: the run whose pins to show.
+    pub run_id: Option<String>,
+}
+
+/// What a session is, settled when it opens: who, its run, its index, its tools.
+struct Opened {
     client: Arc<Client>,
-    /// The session's run: none for a token that may not run skills (reader, author), whose
-    /// session only lists them.
+    /// The bearer token it was opened with: every later request of an HTTP session carries it.
+    token: String,
+    /// The session's run: none for a token that may not run skills (reader, author), and none
+    /// on the stateless protocol, where each call names its run.
     run_id: Option<String>,
     instructions: String,
+    /// The tools this session lists and answers (by role and box).
+    tools: Vec<&'static str>,
+    /// The authorized set of runs this session creates (empty: every skill).
+    skills: Vec<String>,
+    ttl_seconds: u64,
+    /// Over HTTP: ends the session's run and notifications when rmcp drops the session.
+    end: Option<SessionEnd>,
+}
+
+/// The end of an HTTP session: rmcp drops the handler when the client deletes the session or
+/// it idles out; the run is finished then (stdio finishes its run itself, before exiting).
+struct SessionEnd {
+    announcer: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        let Some(end) = &self.end else { return };
+        if let Ok(mut a) = end.announcer.lock()
+            && let Some(a) = a.take()
+        {
+            a.abort();
+        }
+        if let (Some(run_id), Ok(rt)) = (self.run_id.clone(), tokio::runtime::Handle::try_current())
+        {
+            let client = self.client.clone();
+            rt.spawn(async move {
+                let url = client.ws_url(&format!("runs/{run_id}"));
+                if let Err(e) = client.send(client.req(reqwest::Method::DELETE, url)).await {
+                    tracing::warn!(%run_id, error = %format!("{e:#}"), "finishing an MCP session's run failed");
+                }
+            });
+        }
+    }
+}
+
+/// Where sessions come from: stdio opens its one session before serving; the HTTP endpoint
+/// opens one per `initialize` (or per stateless request) from the request.
+struct HttpOrigin {
+    /// This server's own API, which the sessions' tools call.
+    base_url: String,
+    http: reqwest::Client,
+    /// Whether the server has a box (its sessions list `run_command` then).
+    box_available: bool,
+}
+
+/// The MCP handler: one per session (rmcp clones it per request).
+#[derive(Clone)]
+pub struct Session {
+    opened: Arc<tokio::sync::OnceCell<Arc<Opened>>>,
+    http: Option<Arc<HttpOrigin>>,
     tool_router: ToolRouter<Session>,
 }
 
@@ -113,35 +196,62 @@ fn answer(result: anyhow::Result<Value>) -> Result<CallToolResult, McpError> {
     }
 }
 
+/// Adds `run_id` to an answer when the call ran in a run it did not name (a fresh one), so a
+/// stateless client can carry it on.
+fn with_run(v: anyhow::Result<Value>, run: &RunOf) -> anyhow::Result<Value> {
+    v.map(|mut v| {
+        if run.fresh && v.is_object() {
+            v["run_id"] = json!(run.id);
+        }
+        v
+    })
+}
+
+/// The run a tool call works in.
+struct RunOf {
+    id: String,
+    /// Created for this call (stateless protocol, no `run_id` given).
+    fresh: bool,
+}
+
 #[tool_router]
 impl Session {
     #[tool(
         description = "List the skills this session may use: name, description, current revision, and the pinned revision once activated."
     )]
-    async fn list_skills(&self) -> Result<CallToolResult, McpError> {
-        answer(self.list().await)
+    async fn list_skills(
+        &self,
+        Parameters(l): Parameters<ListSkills>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let s = self.opened(&context).await?;
+        answer(s.list(l.run_id.as_deref().or(s.run_id.as_deref())).await)
     }
 
     #[tool(
-        description = "Activate a skill: pins its revision for this session and returns its instructions (SKILL.md body), revision, digest, files and mount path."
+        description = "Activate a skill: pins its revision for this session and returns its instructions (SKILL.md body), revision, digest, files, mount path and run_id."
     )]
     async fn activate_skill(
         &self,
         Parameters(a): Parameters<ActivateSkill>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        let s = self.opened(&context).await?;
+        let run = match s.run_of(a.run_id).await {
+            Ok(run) => run,
+            Err(e) => return answer(Err(e)),
+        };
         let mut body = json!({"skill": a.name});
         if let Some(r) = a.revision {
             body["revision"] = json!(r);
         }
-        let url = self
-            .client
-            .ws_url(&format!("runs/{}/activations", self.run()?));
+        let url = s.client.ws_url(&format!("runs/{}/activations", run.id));
         answer(
-            self.client
+            s.client
                 .send_json::<_, Value>(reqwest::Method::POST, url, &body)
                 .await
                 .map(|mut v| {
-                    v["run_id"] = json!(self.run_id);
+                    v["run_id"] = json!(run.id);
                     v
                 }),
         )
@@ -153,26 +263,29 @@ impl Session {
     async fn read_skill_file(
         &self,
         Parameters(r): Parameters<ReadSkillFile>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let url = self.client.ws_url(&format!(
+        let s = self.opened(&context).await?;
+        let run = match s.run_of(r.run_id).await {
+            Ok(run) => run,
+            Err(e) => return answer(Err(e)),
+        };
+        let url = s.client.ws_url(&format!(
             "runs/{}/skills/{}/files/{}",
-            self.run()?,
-            r.name,
-            r.path
+            run.id, r.name, r.path
         ));
-        answer(
-            self.client
-                .bytes(url)
-                .await
-                .map(|b| match std::str::from_utf8(&b) {
-                    Ok(text) => json!({"name": r.name, "path": r.path, "text": text}),
-                    Err(_) => {
-                        use base64::Engine;
-                        let blob = base64::engine::general_purpose::STANDARD.encode(&b);
-                        json!({"name": r.name, "path": r.path, "blob": blob})
-                    }
-                }),
-        )
+        let read = s.client.bytes(url).await.map(|b| {
+            let mut v = json!({"name": r.name, "path": r.path});
+            match std::str::from_utf8(&b) {
+                Ok(text) => v["text"] = json!(text),
+                Err(_) => {
+                    use base64::Engine;
+                    v["blob"] = json!(base64::engine::general_purpose::STANDARD.encode(&b));
+                }
+            }
+            v
+        });
+        answer(with_run(read, &run))
     }
 
     #[tool(
@@ -181,7 +294,13 @@ impl Session {
     async fn run_command(
         &self,
         Parameters(c): Parameters<RunCommand>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
+        let s = self.opened(&context).await?;
+        let run = match s.run_of(c.run_id).await {
+            Ok(run) => run,
+            Err(e) => return answer(Err(e)),
+        };
         let mut body = json!({});
         for (key, value) in [
             ("argv", c.argv.map(|a| json!(a))),
@@ -195,12 +314,12 @@ impl Session {
                 body[key] = v;
             }
         }
-        let url = self.client.ws_url(&format!("runs/{}/exec", self.run()?));
-        answer(
-            self.client
-                .send_json::<_, Value>(reqwest::Method::POST, url, &body)
-                .await,
-        )
+        let url = s.client.ws_url(&format!("runs/{}/exec", run.id));
+        let ran = s
+            .client
+            .send_json::<_, Value>(reqwest::Method::POST, url, &body)
+            .await;
+        answer(with_run(ran, &run))
     }
 
     #[tool(
@@ -209,13 +328,19 @@ impl Session {
     async fn create_skill_draft(
         &self,
         Parameters(d): Parameters<CreateSkillDraft>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let url = self.client.ws_url(&format!("runs/{}/drafts", self.run()?));
-        answer(
-            self.client
-                .send_json::<_, Value>(reqwest::Method::POST, url, &json!({"skill": d.name}))
-                .await,
-        )
+        let s = self.opened(&context).await?;
+        let run = match s.run_of(d.run_id).await {
+            Ok(run) => run,
+            Err(e) => return answer(Err(e)),
+        };
+        let url = s.client.ws_url(&format!("runs/{}/drafts", run.id));
+        let created = s
+            .client
+            .send_json::<_, Value>(reqwest::Method::POST, url, &json!({"skill": d.name}))
+            .await;
+        answer(with_run(created, &run))
     }
 
     #[tool(
@@ -224,29 +349,133 @@ impl Session {
     async fn publish_skill_draft(
         &self,
         Parameters(p): Parameters<PublishSkillDraft>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let url = self
-            .client
-            .ws_url(&format!("drafts/{}/publish", p.draft_id));
+        let s = self.opened(&context).await?;
+        let url = s.client.ws_url(&format!("drafts/{}/publish", p.draft_id));
         answer(
-            self.client
-                .call::<Value>(self.client.req(reqwest::Method::POST, url))
+            s.client
+                .call::<Value>(s.client.req(reqwest::Method::POST, url))
                 .await,
         )
     }
 }
 
-impl Session {
-    /// The session's run id (the tools that need one are listed only when there is one).
-    fn run(&self) -> Result<&str, McpError> {
-        self.run_id
-            .as_deref()
-            .ok_or_else(|| McpError::invalid_request("this session has no run", None))
+/// The tools a session lists: by the token's role, and whether the server has a box (run
+/// drafts live in the session's sandbox, so the draft tools need one too).
+fn tools_for(role: &str, box_available: bool) -> Vec<&'static str> {
+    let runner = matches!(role, "runner" | "admin");
+    let mut tools = vec!["list_skills"];
+    if runner {
+        tools.extend(["activate_skill", "read_skill_file"]);
+        if box_available {
+            tools.extend(["run_command", "create_skill_draft", "publish_skill_draft"]);
+        }
+    }
+    tools
+}
+
+/// Who opens a session: the token's role and whether the server has a box.
+struct Who {
+    role: String,
+    box_available: bool,
+}
+
+impl Who {
+    /// As the server says (`GET /v1/whoami`).
+    async fn asked(client: &Client) -> anyhow::Result<Who> {
+        let who: Value = client.get(client.url("/v1/whoami")).await?;
+        Ok(Who {
+            role: who["role"].as_str().unwrap_or_default().to_string(),
+            box_available: who["box_available"].as_bool() == Some(true),
+        })
+    }
+}
+
+/// How a session opens.
+#[derive(PartialEq)]
+enum Opening {
+    /// A session of its own (stdio, HTTP `initialize`): a run when the role may run skills,
+    /// and the index as instructions.
+    Session,
+    /// One stateless request: no run until a call needs one, no index until asked.
+    Request,
+}
+
+impl Opened {
+    /// Opens a session for the client's token: with a run of its own whose prompt index is
+    /// the instructions, or without one (the index of the workspace's skills).
+    async fn open(
+        client: Arc<Client>,
+        who: Who,
+        skills: Vec<String>,
+        ttl_seconds: u64,
+        opening: Opening,
+    ) -> anyhow::Result<Opened> {
+        let tools = tools_for(&who.role, who.box_available);
+        let mut opened = Opened {
+            token: client.conn.token.clone().unwrap_or_default(),
+            client,
+            run_id: None,
+            instructions: String::new(),
+            tools,
+            skills,
+            ttl_seconds,
+            end: None,
+        };
+        if opening == Opening::Request {
+            return Ok(opened);
+        }
+        if opened.tools.contains(&"activate_skill") {
+            let run_id = opened.create_run().await?;
+            let prompt: Value = opened
+                .client
+                .get(opened.client.ws_url(&format!("runs/{run_id}/prompt")))
+                .await?;
+            opened.instructions = prompt["prompt"].as_str().unwrap_or_default().to_string();
+            opened.run_id = Some(run_id);
+        } else {
+            opened.instructions = opened.index().await?;
+        }
+        Ok(opened)
     }
 
-    async fn list(&self) -> anyhow::Result<Value> {
+    /// The `<available_skills>` index of the session's skills, without a run.
+    async fn index(&self) -> anyhow::Result<String> {
+        let listed: Value = self.client.get(self.client.ws_url("skills")).await?;
+        Ok(index_of(&listed, &self.skills))
+    }
+
+    async fn create_run(&self) -> anyhow::Result<String> {
+        let mut body = json!({"ttl_seconds": self.ttl_seconds});
+        if !self.skills.is_empty() {
+            body["skills"] = json!(self.skills);
+        }
+        let run: Value = self
+            .client
+            .send_json(reqwest::Method::POST, self.client.ws_url("runs"), &body)
+            .await?;
+        run["run_id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow::anyhow!("the server created a run without an id: {run}"))
+    }
+
+    /// The run a call works in: the one it names, else the session's, else a fresh one (the
+    /// stateless protocol; for a token that may not create runs, the server's refusal).
+    async fn run_of(&self, given: Option<String>) -> anyhow::Result<RunOf> {
+        match given.or_else(|| self.run_id.clone()) {
+            Some(id) => Ok(RunOf { id, fresh: false }),
+            None => Ok(RunOf {
+                id: self.create_run().await?,
+                fresh: true,
+            }),
+        }
+    }
+
+    async fn list(&self, run_id: Option<&str>) -> anyhow::Result<Value> {
         let skills: Value = self.client.get(self.client.ws_url("skills")).await?;
-        let run: Value = match &self.run_id {
+        let run: Value = match run_id {
             Some(id) => {
                 self.client
                     .get(self.client.ws_url(&format!("runs/{id}")))
@@ -254,10 +483,10 @@ impl Session {
             }
             None => json!({}),
         };
-        let authorized: Vec<&str> = run["authorized_skills"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
+        let authorized: Vec<&str> = match run["authorized_skills"].as_array() {
+            Some(a) => a.iter().filter_map(Value::as_str).collect(),
+            None => self.skills.iter().map(String::as_str).collect(),
+        };
         let pinned = |name: &str| {
             run["activations"]
                 .as_array()
@@ -287,12 +516,135 @@ impl Session {
     }
 }
 
+/// The bearer token of an HTTP request.
+fn bearer(parts: &axum::http::request::Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// `{ws}` of `/v1/workspaces/{ws}/mcp`.
+fn workspace_of(parts: &axum::http::request::Parts) -> Option<String> {
+    let rest = parts.uri.path().strip_prefix("/v1/workspaces/")?;
+    let ws = rest.split('/').next().filter(|w| !w.is_empty())?;
+    Some(ws.to_string())
+}
+
+/// `?skill=NAME` (repeatable) of the endpoint's URL: the authorized set of the session's run,
+/// as `--skill` over stdio.
+fn skills_of(parts: &axum::http::request::Parts) -> Vec<String> {
+    parts
+        .uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("skill="))
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+impl HttpOrigin {
+    /// Opens a session from an HTTP request of the MCP endpoint, whose access check passed
+    /// and left the caller in the request.
+    async fn open(
+        &self,
+        parts: &axum::http::request::Parts,
+        opening: Opening,
+    ) -> Result<Opened, McpError> {
+        let (Some(token), Some(workspace), Some(caller)) = (
+            bearer(parts),
+            workspace_of(parts),
+            parts.extensions.get::<skillbox_server::auth::Caller>(),
+        ) else {
+            return Err(McpError::invalid_request(
+                "the MCP endpoint needs a bearer token and /v1/workspaces/{ws}/mcp",
+                None,
+            ));
+        };
+        let role = match &caller.0 {
+            skillbox_registry::Principal::Workspace { role, .. } => role.as_str(),
+            // The server's admin token (a node token fails the access check).
+            _ => "admin",
+        };
+        let who = Who {
+            role: role.to_string(),
+            box_available: self.box_available,
+        };
+        let client = Arc::new(Client {
+            http: self.http.clone(),
+            conn: Conn {
+                url: self.base_url.clone(),
+                token: Some(token.to_string()),
+                workspace,
+                json: true,
+            },
+        });
+        Opened::open(client, who, skills_of(parts), DEFAULT_TTL_SECONDS, opening)
+            .await
+            .map_err(tool_setup_error)
+    }
+}
+
+/// An error opening a session, as the protocol's error (the SPEC code first).
+fn tool_setup_error(e: anyhow::Error) -> McpError {
+    match e.downcast_ref::<ServerError>() {
+        Some(se) => McpError::invalid_request(
+            format!("{}: {}", se.body.error.code, se.body.error.message),
+            serde_json::to_value(&se.body).ok(),
+        ),
+        None => McpError::internal_error(format!("{e:#}"), None),
+    }
+}
+
+impl Session {
+    fn new(opened: Option<Opened>, http: Option<Arc<HttpOrigin>>) -> Session {
+        let cell = match opened {
+            Some(o) => tokio::sync::OnceCell::new_with(Some(Arc::new(o))),
+            None => tokio::sync::OnceCell::new(),
+        };
+        Session {
+            opened: Arc::new(cell),
+            http,
+            tool_router: Session::tool_router(),
+        }
+    }
+
+    /// This request's session: the opened one (an HTTP request must carry the token that
+    /// opened it), or, on the stateless protocol, one opened for this request alone.
+    async fn opened(&self, context: &RequestContext<RoleServer>) -> Result<Arc<Opened>, McpError> {
+        let parts = context.extensions.get::<axum::http::request::Parts>();
+        if let Some(o) = self.opened.get() {
+            if let Some(p) = parts
+                && bearer(p) != Some(o.token.as_str())
+            {
+                return Err(McpError::invalid_request(
+                    "forbidden: this MCP session was opened with another token",
+                    None,
+                ));
+            }
+            return Ok(o.clone());
+        }
+        let (Some(origin), Some(parts)) = (&self.http, parts) else {
+            return Err(McpError::internal_error("the session is not open", None));
+        };
+        self.opened
+            .get_or_try_init(|| async { origin.open(parts, Opening::Request).await.map(Arc::new) })
+            .await
+            .cloned()
+    }
+}
+
 /// The URI of a file of a pinned revision.
 fn resource_uri(name: &str, revision: &Value, path: &str) -> String {
     format!("skill://{name}/{revision}/{path}")
 }
 
-impl Session {
+impl Opened {
     /// Every file of every revision this session pinned, as resources.
     async fn pinned_resources(&self) -> anyhow::Result<Vec<Resource>> {
         let Some(run_id) = &self.run_id else {
@@ -339,7 +691,10 @@ impl Session {
                 "expected skill://{name}/{revision}/{path}".into(),
             ));
         };
-        let run_id = self.run()?;
+        let run_id = self
+            .run_id
+            .as_deref()
+            .ok_or_else(|| not_found("this session has no run: nothing is pinned".into()))?;
         let run: Value = self
             .client
             .get(self.client.ws_url(&format!("runs/{run_id}")))
@@ -380,25 +735,119 @@ impl Session {
     }
 }
 
+fn server_config(instructions: String) -> ServerConfig {
+    let capabilities = ServerCapabilities::builder()
+        .enable_tools()
+        .enable_resources()
+        .enable_resources_list_changed()
+        .build();
+    ServerConfig::new(capabilities)
+        .with_server_info(Implementation::new("skillbox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(instructions)
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Session {
     fn get_info(&self) -> ServerConfig {
-        let capabilities = ServerCapabilities::builder()
-            .enable_tools()
-            .enable_resources()
-            .enable_resources_list_changed()
-            .build();
-        ServerConfig::new(capabilities)
-            .with_server_info(Implementation::new("skillbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(self.instructions.clone())
+        server_config(
+            self.opened
+                .get()
+                .map(|o| o.instructions.clone())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Over HTTP, `initialize` opens the session (its run, its index) from the request.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, McpError> {
+        if let (Some(origin), Some(parts), None) = (
+            &self.http,
+            context.extensions.get::<axum::http::request::Parts>(),
+            self.opened.get(),
+        ) {
+            let mut opened = origin.open(parts, Opening::Session).await?;
+            let announcer = tokio::spawn(announce_list_changes(
+                opened.client.clone(),
+                context.peer.clone(),
+                latest_event(&opened.client)
+                    .await
+                    .map_err(tool_setup_error)?,
+            ));
+            opened.end = Some(SessionEnd {
+                announcer: Mutex::new(Some(announcer.abort_handle())),
+            });
+            // A concurrent initialize of the same session cannot happen: rmcp serves a
+            // session's handshake once.
+            let _ = self.opened.set(Arc::new(opened));
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
+    /// The stateless protocol's discovery: the index of the workspace's skills.
+    async fn discover(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        let opened = self.opened(&context).await?;
+        let instructions = match opened.run_id {
+            Some(_) => opened.instructions.clone(),
+            None => opened.index().await.map_err(tool_setup_error)?,
+        };
+        Ok(DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            server_config(instructions),
+        ))
+    }
+
+    /// A tool the session's role cannot use is not listed.
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let opened = self.opened(&context).await?;
+        let tools = self
+            .tool_router
+            .list_all()
+            .into_iter()
+            .filter(|t| opened.tools.contains(&t.name.as_ref()))
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    /// … nor answered.
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let opened = self.opened(&context).await?;
+        if !opened.tools.contains(&request.name.as_ref()) {
+            return Err(McpError::invalid_params(
+                format!(
+                    "tool {} is not available to this session (its tools: {})",
+                    request.name,
+                    opened.tools.join(", ")
+                ),
+                None,
+            ));
+        }
+        let call = ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
     }
 
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let resources = self
+            .opened(&context)
+            .await?
             .pinned_resources()
             .await
             .map_err(|e| McpError::internal_error(format!("{e:#}"), None))?;
@@ -419,9 +868,13 @@ impl ServerHandler for Session {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let contents = self.read_pinned(&request.uri).await?;
+        let contents = self
+            .opened(&context)
+            .await?
+            .read_pinned(&request.uri)
+            .await?;
         Ok(ReadResourceResult::new(vec![contents]).into())
     }
 }
@@ -466,49 +919,16 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
         .with_env_filter(filter)
         .try_init();
     let client = Arc::new(Client::new(conn)?);
-    let who: Value = client.get(client.url("/v1/whoami")).await?;
-    let mut body = json!({"ttl_seconds": a.ttl_seconds});
-    if !a.skills.is_empty() {
-        body["skills"] = json!(a.skills);
-    }
-    let role = who["role"].as_str().unwrap_or("");
-    let runner = matches!(role, "runner" | "admin");
-    let (run_id, instructions) = if runner {
-        let run: Value = client
-            .send_json(reqwest::Method::POST, client.ws_url("runs"), &body)
-            .await?;
-        let run_id = run["run_id"]
-            .as_str()
-            .ok_or_else(|| anyhow::anyhow!("the server created a run without an id: {run}"))?
-            .to_string();
-        let prompt: Value = client
-            .get(client.ws_url(&format!("runs/{run_id}/prompt")))
-            .await?;
-        let index = prompt["prompt"].as_str().unwrap_or_default().to_string();
-        (Some(run_id), index)
-    } else {
-        let skills: Value = client.get(client.ws_url("skills")).await?;
-        (None, index_of(&skills, &a.skills))
-    };
-    // A tool the token's role cannot use is not listed; nor is run_command without a box.
-    let mut tool_router = Session::tool_router();
-    if !runner {
-        for name in ["activate_skill", "read_skill_file"] {
-            tool_router.remove_route(name);
-        }
-    }
-    if !(runner && who["box_available"].as_bool() == Some(true)) {
-        // Run drafts live in the session's sandbox: they need a box too.
-        for name in ["run_command", "create_skill_draft", "publish_skill_draft"] {
-            tool_router.remove_route(name);
-        }
-    }
-    let session = Session {
-        client: client.clone(),
-        run_id: run_id.clone(),
-        instructions,
-        tool_router,
-    };
+    let who = Who::asked(&client).await?;
+    let opened = Opened::open(
+        client.clone(),
+        who,
+        a.skills,
+        a.ttl_seconds,
+        Opening::Session,
+    )
+    .await?;
+    let run_id = opened.run_id.clone();
     let renew = run_id.clone().map(|run_id| {
         let client = client.clone();
         let every = std::time::Duration::from_secs((a.ttl_seconds / 3).max(1));
@@ -524,7 +944,9 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
     });
     let after = latest_event(&client).await?;
     let served = async {
-        let service = session.serve(rmcp::transport::stdio()).await?;
+        let service = Session::new(Some(opened), None)
+            .serve(rmcp::transport::stdio())
+            .await?;
         let announcer = tokio::spawn(announce_list_changes(
             client.clone(),
             service.peer().clone(),
@@ -547,6 +969,50 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
     }
     served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Streamable HTTP endpoint's service (mounted at `/v1/workspaces/{ws}/mcp` behind the
+/// route's access check): sessions whose tools call this server's API at `base_url`. An idle
+/// session ends with its run's lease.
+pub fn http_service(
+    base_url: String,
+    box_available: bool,
+) -> anyhow::Result<
+    rmcp::transport::StreamableHttpService<
+        Session,
+        rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+    >,
+> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let origin = Arc::new(HttpOrigin {
+        base_url,
+        http: reqwest::Client::builder().build()?,
+        box_available,
+    });
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(std::time::Duration::from_secs(DEFAULT_TTL_SECONDS));
+    // The endpoint is authenticated by bearer token, which a DNS-rebinding page cannot send:
+    // any Host may reach it (a public deployment names its own).
+    let config = rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts();
+    Ok(rmcp::transport::StreamableHttpService::new(
+        move || Ok(Session::new(None, Some(origin.clone()))),
+        Arc::new(sessions),
+        config,
+    ))
+}
+
+/// The endpoint's answer to a session's `DELETE`: `204 No Content` where rmcp answers `202`,
+/// which the official Python SDK logs as a failed termination although the session ended.
+pub async fn session_end_as_no_content(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let deleting = request.method() == axum::http::Method::DELETE;
+    let response = next.run(request).await;
+    if deleting && response.status() == axum::http::StatusCode::ACCEPTED {
+        return axum::http::StatusCode::NO_CONTENT.into_response();
+    }
+    response
 }
 
 /// The `<available_skills>` index of the workspace's skills (those named in `only`, if any),

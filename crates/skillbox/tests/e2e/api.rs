@@ -662,3 +662,75 @@ fn raw_exchange(port: u16, head: Vec<u8>, body: Vec<u8>) -> String {
     let _ = t.join();
     String::from_utf8_lossy(&buf).into_owned()
 }
+
+/// What the console lists: a workspace's live runs (newest first, with pins; a finished run
+/// leaves the list; another workspace's token learns nothing) and, for the server's admin,
+/// the workspaces. The console itself is served at `/ui/`, with a policy that runs only its
+/// own script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_runs_workspaces_and_the_console_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &["--box", "none"]);
+    let c = http();
+    let (st, _) = publish(&c, &s, ADMIN, "acme", "demo", 0, package("demo", "v1")).await;
+    assert_eq!(st, 201);
+    let first = new_run(&c, &s, &["demo"]).await;
+    let second = new_run(&c, &s, &[]).await;
+    let runner = token(&c, &s, "acme", "runner").await;
+    let (st, v) = get(&c, &s.ws("acme", "runs"), &runner).await;
+    assert_eq!(st, 200, "{v}");
+    let listed: skillbox_api::RunList = serde_json::from_value(v).unwrap();
+    let ids: Vec<&str> = listed.runs.iter().map(|r| r.run.run_id.as_str()).collect();
+    assert_eq!(ids, [second.as_str(), first.as_str()]);
+    let pins = &listed.runs[1].run.activations;
+    assert_eq!((pins[0].skill.as_str(), pins[0].revision), ("demo", 1));
+    assert_eq!(
+        (
+            listed.runs[1].sandbox.as_deref(),
+            listed.runs[1].node.as_deref()
+        ),
+        (None, None)
+    );
+
+    let r = c
+        .delete(s.ws("acme", &format!("runs/{first}")))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, v) = get(&c, &s.ws("acme", "runs"), &runner).await;
+    assert_eq!(v["runs"].as_array().map(Vec::len), Some(1), "{v}");
+
+    let reader = token(&c, &s, "acme", "reader").await;
+    let (st, v) = get(&c, &s.ws("acme", "runs"), &reader).await;
+    assert_eq!((st, error_code(&v)), (403, "forbidden"));
+    let other = token(&c, &s, "other", "admin").await;
+    let (st, v) = get(&c, &s.ws("acme", "runs"), &other).await;
+    assert_eq!((st, error_code(&v)), (404, "not_found"));
+
+    let (st, v) = get(&c, &format!("{}/v1/admin/workspaces", s.url), ADMIN).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["workspaces"], json!(["acme", "other"]));
+    let (st, v) = get(&c, &format!("{}/v1/admin/workspaces", s.url), &other).await;
+    assert_eq!((st, error_code(&v)), (403, "forbidden"));
+
+    let page = c.get(format!("{}/ui/", s.url)).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        policy.contains("script-src 'self'") && policy.contains("frame-ancestors 'none'"),
+        "{policy}"
+    );
+    assert!(page.text().await.unwrap().contains("/ui/app.js"));
+    let script = c.get(format!("{}/ui/app.js", s.url)).send().await.unwrap();
+    assert_eq!(
+        script.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let missing = c.get(format!("{}/ui/nope.js", s.url)).send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+}
