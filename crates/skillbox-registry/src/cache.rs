@@ -18,13 +18,18 @@ use std::path::{Path, PathBuf};
 pub struct RevisionCache {
     root: PathBuf,
     staging: PathBuf,
+    memory: std::sync::Arc<SmallFiles>,
 }
 
 impl RevisionCache {
     pub fn new(root: PathBuf, staging: PathBuf) -> std::io::Result<Self> {
         std::fs::create_dir_all(&root)?;
         std::fs::create_dir_all(&staging)?;
-        Ok(RevisionCache { root, staging })
+        Ok(RevisionCache {
+            root,
+            staging,
+            memory: Default::default(),
+        })
     }
 
     pub fn tree_path(&self, digest: &Digest) -> PathBuf {
@@ -118,9 +123,63 @@ impl RevisionCache {
             .unwrap_or(0)
     }
 
-    /// Removes a tree (revocation, collection).
+    /// Removes a tree (revocation, collection), and forgets every small file held in memory:
+    /// whatever was cached is gone, and removals are rare enough that sorting out which
+    /// files were the tree's is not worth it.
     pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
+        self.memory.clear();
         skillbox_package::staging::remove_tree(&self.tree_path(digest))
+    }
+
+    /// A small file's bytes held in memory, by content hash.
+    pub fn remembered(&self, sha: &Sha256) -> Option<bytes::Bytes> {
+        self.memory.get(sha)
+    }
+
+    /// Holds a small file's verified bytes in memory for later reads.
+    pub fn remember(&self, sha: Sha256, bytes: &bytes::Bytes) {
+        self.memory.insert(sha, bytes)
+    }
+}
+
+/// Small files' bytes by content hash, in memory, for the pinned-read hot path (no open,
+/// read and close per request). Content never changes under its hash, so an entry never goes
+/// stale; whether a file may be read at all (run, pin, revocation) is decided before it is
+/// looked up here. Bounded by bytes: past the bound it starts afresh.
+#[derive(Default)]
+struct SmallFiles {
+    entries: std::sync::Mutex<(std::collections::HashMap<Sha256, bytes::Bytes>, usize)>,
+}
+
+impl SmallFiles {
+    const MAX_BYTES: usize = 64 << 20;
+    /// Larger files are rare on the hot path and would crowd out many small ones.
+    const MAX_FILE: usize = 256 << 10;
+
+    fn get(&self, sha: &Sha256) -> Option<bytes::Bytes> {
+        self.entries.lock().ok()?.0.get(sha).cloned()
+    }
+
+    fn insert(&self, sha: Sha256, bytes: &bytes::Bytes) {
+        if bytes.len() > Self::MAX_FILE {
+            return;
+        }
+        if let Ok(mut guard) = self.entries.lock() {
+            let (entries, held) = &mut *guard;
+            if *held + bytes.len() > Self::MAX_BYTES {
+                entries.clear();
+                *held = 0;
+            }
+            if entries.insert(sha, bytes.clone()).is_none() {
+                *held += bytes.len();
+            }
+        }
+    }
+
+    fn clear(&self) {
+        if let Ok(mut guard) = self.entries.lock() {
+            *guard = Default::default();
+        }
     }
 }
 

@@ -170,6 +170,23 @@ impl Registry {
         manifest: &Arc<Manifest>,
         entry: &FileEntry,
     ) -> Result<Option<FileContent>> {
+        if let Some(bytes) = self.cache.remembered(&entry.sha256) {
+            return Ok(Some(FileContent::Bytes(bytes)));
+        }
+        let content = self.file_content_read(digest, manifest, entry).await?;
+        if let Some(FileContent::Bytes(bytes)) = &content {
+            self.cache.remember(entry.sha256, bytes);
+        }
+        Ok(content)
+    }
+
+    /// [`Registry::file_content`] from the revision cache's tree, else from the store.
+    async fn file_content_read(
+        &self,
+        digest: &Digest,
+        manifest: &Arc<Manifest>,
+        entry: &FileEntry,
+    ) -> Result<Option<FileContent>> {
         let tree = self.cache.tree_path(digest);
         if let Some(content) = from_tree(&tree, entry) {
             return Ok(Some(content));

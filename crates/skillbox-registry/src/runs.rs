@@ -156,7 +156,6 @@ impl Registry {
                 self.meta
                     .pin(workspace, run_id, skill, requested, now)
                     .await?
-                    .1
             }
         };
         self.activation(skill, run_id, pin).await

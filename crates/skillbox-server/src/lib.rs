@@ -96,12 +96,10 @@ pub fn router_with(state: SharedState, mounted: Router<SharedState>) -> Router {
 /// Records metrics and logs, and bounds the time to produce response headers.
 async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let method = req.method().to_string();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
+    // Neither allocates: a standard method is a constant, a matched path an `Arc<str>`.
+    let method = req.method().clone();
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let response = match tokio::time::timeout(state.cfg.request_timeout, next.run(req)).await {
         Ok(r) => r,
         Err(_) => error::ApiError::new(
@@ -112,8 +110,8 @@ async fn observe(State(state): State<SharedState>, req: Request, next: Next) -> 
     };
     let ms = start.elapsed().as_secs_f64() * 1000.0;
     let status = response.status().as_u16();
-    state.metrics.observe(&method, &route, status, ms);
-    tracing::info!(target: "skillbox::http", %method, %route, status, ms, "request");
+    state.metrics.observe(method.as_str(), route, status, ms);
+    tracing::info!(target: "skillbox::http", %method, route, status, ms, "request");
     response
 }
 

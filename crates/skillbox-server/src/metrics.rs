@@ -17,10 +17,18 @@ struct Histogram {
     sum_ms: f64,
 }
 
+/// One route's requests by (method, status) and their latency.
+#[derive(Default)]
+struct RouteStats {
+    /// A handful of entries per route: a scan beats a map.
+    by_outcome: Vec<(String, u16, u64)>,
+    latency: Histogram,
+}
+
 #[derive(Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
-    latency: Mutex<BTreeMap<String, Histogram>>,
+    /// By route; observing a request allocates only the first time its route is seen.
+    routes: Mutex<BTreeMap<String, RouteStats>>,
     pub publishes: AtomicU64,
     pub conflicts: AtomicU64,
     pub invalid_packages: AtomicU64,
@@ -45,28 +53,43 @@ impl Metrics {
     }
 
     pub fn observe(&self, method: &str, route: &str, status: u16, ms: f64) {
-        if let Ok(mut r) = self.requests.lock() {
-            *r.entry((method.to_string(), route.to_string(), status))
-                .or_default() += 1;
+        let Ok(mut routes) = self.routes.lock() else {
+            return;
+        };
+        if !routes.contains_key(route) {
+            routes.insert(route.to_string(), RouteStats::default());
         }
-        if let Ok(mut l) = self.latency.lock() {
-            let h = l.entry(route.to_string()).or_default();
-            h.count += 1;
-            h.sum_ms += ms;
-            for (i, b) in BUCKETS_MS.iter().enumerate() {
-                if ms <= *b {
-                    h.buckets[i] += 1;
-                }
+        let Some(stats) = routes.get_mut(route) else {
+            return;
+        };
+        match stats
+            .by_outcome
+            .iter_mut()
+            .find(|(m, s, _)| m == method && *s == status)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => stats.by_outcome.push((method.to_string(), status, 1)),
+        }
+        let h = &mut stats.latency;
+        h.count += 1;
+        h.sum_ms += ms;
+        for (i, b) in BUCKETS_MS.iter().enumerate() {
+            if ms <= *b {
+                h.buckets[i] += 1;
             }
         }
     }
 
-    /// Renders every metric; `store` holds gauges measured at scrape time.
-    pub fn render(&self, store: &[(&str, &str, u64)]) -> String {
+    /// Renders every metric; `counters` (kept elsewhere) and `gauges` are read at scrape
+    /// time.
+    pub fn render(&self, counters: &[(&str, &str, u64)], gauges: &[(&str, &str, u64)]) -> String {
         let mut out = String::new();
         out.push_str("# HELP skillbox_http_requests_total HTTP requests by method, route and status.\n# TYPE skillbox_http_requests_total counter\n");
-        if let Ok(r) = self.requests.lock() {
-            for ((m, route, status), n) in r.iter() {
+        let Ok(routes) = self.routes.lock() else {
+            return out;
+        };
+        for (route, stats) in routes.iter() {
+            for (m, status, n) in &stats.by_outcome {
                 let _ = writeln!(
                     out,
                     "skillbox_http_requests_total{{method=\"{m}\",route=\"{route}\",status=\"{status}\"}} {n}"
@@ -74,34 +97,34 @@ impl Metrics {
             }
         }
         out.push_str("# HELP skillbox_http_request_duration_seconds Request latency by route.\n# TYPE skillbox_http_request_duration_seconds histogram\n");
-        if let Ok(l) = self.latency.lock() {
-            for (route, h) in l.iter() {
-                for (i, b) in BUCKETS_MS.iter().enumerate() {
-                    let _ = writeln!(
-                        out,
-                        "skillbox_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"{}\"}} {}",
-                        b / 1000.0,
-                        h.buckets[i]
-                    );
-                }
+        for (route, stats) in routes.iter() {
+            let h = &stats.latency;
+            for (i, b) in BUCKETS_MS.iter().enumerate() {
                 let _ = writeln!(
                     out,
-                    "skillbox_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
-                    h.count
-                );
-                let _ = writeln!(
-                    out,
-                    "skillbox_http_request_duration_seconds_sum{{route=\"{route}\"}} {}",
-                    h.sum_ms / 1000.0
-                );
-                let _ = writeln!(
-                    out,
-                    "skillbox_http_request_duration_seconds_count{{route=\"{route}\"}} {}",
-                    h.count
+                    "skillbox_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"{}\"}} {}",
+                    b / 1000.0,
+                    h.buckets[i]
                 );
             }
+            let _ = writeln!(
+                out,
+                "skillbox_http_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {}",
+                h.count
+            );
+            let _ = writeln!(
+                out,
+                "skillbox_http_request_duration_seconds_sum{{route=\"{route}\"}} {}",
+                h.sum_ms / 1000.0
+            );
+            let _ = writeln!(
+                out,
+                "skillbox_http_request_duration_seconds_count{{route=\"{route}\"}} {}",
+                h.count
+            );
         }
-        for (name, help, v) in [
+        drop(routes);
+        let own = [
             (
                 "skillbox_publishes_total",
                 "Revisions published.",
@@ -117,13 +140,14 @@ impl Metrics {
                 "Publishes refused with invalid_package.",
                 self.invalid_packages.load(Ordering::Relaxed),
             ),
-        ] {
+        ];
+        for (name, help, v) in own.iter().chain(counters) {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         }
-        for (name, help, v) in store {
+        for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         out

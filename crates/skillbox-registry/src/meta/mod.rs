@@ -72,6 +72,8 @@ pub struct MetaStore {
     url: std::sync::Arc<str>,
     /// One collection at a time in this process (see [`MetaStore::gc_lock`]).
     gc_running: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// New pins' group commit (SQLite).
+    pins: runs::PinWriter,
 }
 
 /// Held while a collection runs: no other collection, in this process or (PostgreSQL) on any
@@ -215,12 +217,17 @@ impl MetaStore {
             Dialect::Sqlite => opts.max_connections(1).connect(url).await?,
             Dialect::Postgres => pool.clone(),
         };
+        let pins = match dialect {
+            Dialect::Sqlite => runs::PinWriter::start(writer.clone()),
+            Dialect::Postgres => runs::PinWriter::default(),
+        };
         let store = MetaStore {
             pool,
             writer,
             dialect,
             url: url.into(),
             gc_running: Default::default(),
+            pins,
         };
         store.migrate().await?;
         Ok(store)

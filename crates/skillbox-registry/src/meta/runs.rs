@@ -3,6 +3,8 @@
 
 use super::*;
 use skillbox_api::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A run's row.
 #[derive(Debug, Clone)]
@@ -203,8 +205,9 @@ impl MetaStore {
     }
 
     /// Pins `skill` in the run, once: its existing pin, else the requested (or current)
-    /// revision, whose row is locked while the pin is written. Returns the run's row and the
-    /// pin (skill id, revision, digest).
+    /// revision, whose row is locked while the pin is written; renews the run's lease. On
+    /// SQLite the pin goes through the group commit ([`PinWriter`]): answered once the batch
+    /// holding it is durable.
     pub async fn pin(
         &self,
         workspace: &str,
@@ -212,126 +215,36 @@ impl MetaStore {
         skill: &str,
         requested: Option<i64>,
         now: i64,
-    ) -> Result<(RunRow, LivePin)> {
-        let mut tx = self.write_tx().await?;
-        let run = run_row(&mut tx, workspace, run_id).await?.ok_or_else(|| {
-            RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
-        })?;
-        let state = run.state_at(now);
-        if state != RunState::Active {
-            return Err(run_state_error(run_id, state));
-        }
-        let skill_id: String =
-            sqlx::query("SELECT skill_id FROM run_skills WHERE run_id = $1 AND skill_name = $2")
-                .bind(run_id)
-                .bind(skill)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| r.try_get(0))
-                .transpose()?
-                .ok_or_else(|| {
-                    RegistryError::SkillNotAuthorized(format!(
-                        "skill {skill:?} is not in this run's authorized set"
-                    ))
-                })?;
-        let conflict = |pinned: i64| {
-            requested
-                .filter(|r| *r != pinned)
-                .map(|req| RegistryError::ActivationConflict {
-                    skill: skill.to_string(),
-                    pinned_revision: pinned,
-                    requested_revision: req,
-                })
+    ) -> Result<LivePin> {
+        let request = PinRequest {
+            workspace: workspace.to_string(),
+            run_id: run_id.to_string(),
+            skill: skill.to_string(),
+            requested,
+            now,
         };
-        let existing =
-            sqlx::query("SELECT revision, digest FROM pins WHERE run_id = $1 AND skill_id = $2")
-                .bind(run_id)
-                .bind(&skill_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let (revision, digest) = if let Some(pin) = existing {
-            let (revision, digest): (i64, String) = (pin.try_get(0)?, pin.try_get(1)?);
-            if let Some(e) = conflict(revision) {
-                return Err(e);
-            }
-            tx.commit().await?;
-            (revision, digest)
-        } else {
-            let srow = sqlx::query("SELECT state, current_revision FROM skills WHERE id = $1")
-                .bind(&skill_id)
-                .fetch_one(&mut *tx)
-                .await?;
-            let (sstate, current): (String, i64) = (srow.try_get(0)?, srow.try_get(1)?);
-            if sstate != "active" {
-                return Err(RegistryError::SkillDeleted(format!(
-                    "skill {skill:?} was deleted; it cannot be activated in new work"
-                )));
-            }
-            let target = match requested {
-                Some(r) => r,
-                None if current == 0 => {
-                    return Err(RegistryError::NotFound(format!(
-                        "skill {skill:?} has no current revision"
-                    )));
+        if let Some(queue) = &self.pins.queue {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            if queue.send((request.clone(), reply)).is_ok() {
+                // `Err` only when the writer task is gone (its runtime shut down): pin alone.
+                if let Ok(answer) = answer.await {
+                    return answer;
                 }
-                None => current,
-            };
-            // Locks the revision row: collection and revocation serialize with this pin.
-            let locked = sqlx::query("UPDATE revisions SET state = state WHERE skill_id = $1 AND revision = $2 AND state = 'available' RETURNING digest")
-                .bind(&skill_id)
-                .bind(target)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(locked) = locked else {
-                let st: Option<String> = sqlx::query(
-                    "SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2",
-                )
-                .bind(&skill_id)
-                .bind(target)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| r.try_get(0))
-                .transpose()?;
-                return Err(match st.as_deref() {
-                    Some("revoked") => RegistryError::RevisionRevoked(format!(
-                        "revision {target} of {skill:?} is revoked"
-                    )),
-                    Some(other) => RegistryError::NotFound(format!(
-                        "revision {target} of {skill:?} is {other}"
-                    )),
-                    None => {
-                        RegistryError::NotFound(format!("skill {skill:?} has no revision {target}"))
-                    }
-                });
-            };
-            let digest: String = locked.try_get(0)?;
-            execute!(
-                &mut *tx,
-                "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at) VALUES ($1, $2, $3, $4, $5, $6)",
-                run_id,
-                &skill_id,
-                skill,
-                target,
-                &digest,
-                now
-            );
-            execute!(
-                &mut *tx,
-                "UPDATE runs SET expires_at = $2 WHERE id = $1",
-                run_id,
-                now + run.ttl_ms
-            );
-            tx.commit().await?;
-            (target, digest)
-        };
-        let pin = LivePin {
-            skill_id,
-            revision,
-            digest,
-            ttl_ms: run.ttl_ms,
-            expires_at: run.expires_at,
-        };
-        Ok((run, pin))
+            }
+        }
+        let mut tx = self.write_tx().await?;
+        let (pin, wrote) = pin_in(&mut tx, self.dialect, &request).await?;
+        tx.commit().await?;
+        self.pins.counted(1, u64::from(wrote));
+        Ok(pin)
+    }
+
+    /// Durable commits that wrote pins, and pins written, since the store was opened.
+    pub fn pin_commits(&self) -> (u64, u64) {
+        (
+            self.pins.stats.commits.load(Ordering::Relaxed),
+            self.pins.stats.written.load(Ordering::Relaxed),
+        )
     }
 
     /// The run's state and lease and its pin of `skill` with the revision's state; `None`
@@ -447,4 +360,290 @@ impl MetaStore {
         .await?;
         rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
     }
+}
+
+/// One activation's pin to write.
+#[derive(Debug, Clone)]
+struct PinRequest {
+    workspace: String,
+    run_id: String,
+    skill: String,
+    requested: Option<i64>,
+    now: i64,
+}
+
+type PinReply = tokio::sync::oneshot::Sender<Result<LivePin>>;
+
+#[derive(Default)]
+struct PinStats {
+    commits: AtomicU64,
+    written: AtomicU64,
+}
+
+/// Group commit of new pins on SQLite, whose one writer makes every commit wait for its own
+/// WAL fsync: pins that arrive while a batch commits are written together in the next
+/// transaction — one commit, one fsync — and each caller is answered only after the commit of
+/// the batch holding its pin returned. PostgreSQL needs none of this (its sessions commit
+/// concurrently and the server shares WAL flushes among them): there pins commit alone.
+#[derive(Clone, Default)]
+pub(crate) struct PinWriter {
+    queue: Option<tokio::sync::mpsc::UnboundedSender<(PinRequest, PinReply)>>,
+    stats: Arc<PinStats>,
+}
+
+impl PinWriter {
+    /// The most pins one transaction writes: bounds how long the writer lock is held.
+    const MAX_BATCH: usize = 512;
+
+    /// Starts the writer task on `writer` (SQLite's one-connection pool). The task ends
+    /// when the last store holding the queue is dropped.
+    pub(crate) fn start(writer: AnyPool) -> Self {
+        let (queue, requests) = tokio::sync::mpsc::unbounded_channel();
+        let stats = Arc::<PinStats>::default();
+        tokio::spawn(Self::write_batches(writer, requests, stats.clone()));
+        PinWriter {
+            queue: Some(queue),
+            stats,
+        }
+    }
+
+    fn counted(&self, commits: u64, written: u64) {
+        self.stats.commits.fetch_add(commits, Ordering::Relaxed);
+        self.stats.written.fetch_add(written, Ordering::Relaxed);
+    }
+
+    async fn write_batches(
+        writer: AnyPool,
+        mut requests: tokio::sync::mpsc::UnboundedReceiver<(PinRequest, PinReply)>,
+        stats: Arc<PinStats>,
+    ) {
+        let mut batch = Vec::new();
+        while requests.recv_many(&mut batch, Self::MAX_BATCH).await > 0 {
+            let answers = match Self::write_together(&writer, &batch, &stats).await {
+                Ok(answers) => answers,
+                // A database error anywhere rolled the whole batch back: each pin again in a
+                // transaction of its own, so each gets its own answer.
+                Err(_) => {
+                    let mut answers = Vec::with_capacity(batch.len());
+                    for (request, _) in &batch {
+                        answers.push(Self::write_alone(&writer, request, &stats).await);
+                    }
+                    answers
+                }
+            };
+            for ((_, reply), answer) in batch.drain(..).zip(answers) {
+                // The caller may have gone (its request was cancelled): the pin stays.
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    async fn write_together(
+        writer: &AnyPool,
+        batch: &[(PinRequest, PinReply)],
+        stats: &PinStats,
+    ) -> Result<Vec<Result<LivePin>>> {
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut written = 0;
+        for (request, _) in batch {
+            // An answer that is an error wrote nothing (every check precedes the writes), so
+            // the batch goes on; a database error ends it (dropping `tx` rolls back).
+            match pin_in(&mut tx, Dialect::Sqlite, request).await {
+                Ok((pin, wrote)) => {
+                    written += u64::from(wrote);
+                    answers.push(Ok(pin));
+                }
+                Err(e @ RegistryError::Metadata(_)) => return Err(e),
+                Err(e) => answers.push(Err(e)),
+            }
+        }
+        tx.commit().await?;
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        stats.written.fetch_add(written, Ordering::Relaxed);
+        Ok(answers)
+    }
+
+    async fn write_alone(
+        writer: &AnyPool,
+        request: &PinRequest,
+        stats: &PinStats,
+    ) -> Result<LivePin> {
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let (pin, wrote) = pin_in(&mut tx, Dialect::Sqlite, request).await?;
+        tx.commit().await?;
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        stats.written.fetch_add(u64::from(wrote), Ordering::Relaxed);
+        Ok(pin)
+    }
+}
+
+/// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
+/// found before anything is written.
+async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(LivePin, bool)> {
+    let PinRequest {
+        workspace,
+        run_id,
+        skill,
+        requested,
+        now,
+    } = request;
+    let (requested, now) = (*requested, *now);
+    if dialect == Dialect::Sqlite {
+        // The common case in two statements: a live run, an authorized, active skill, an
+        // available revision, no pin yet. SQLite's write lock (held since BEGIN IMMEDIATE)
+        // orders this with collection and revocation; anything else takes the long way
+        // below, which says why.
+        let written = sqlx::query(
+            "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+             SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, $5
+             FROM runs r
+             JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = $3
+             JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
+             JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
+                 AND v.revision = COALESCE($4, s.current_revision)
+             WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $5
+                 AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
+             RETURNING skill_id, revision, digest",
+        )
+        .bind(run_id.as_str())
+        .bind(workspace.as_str())
+        .bind(skill.as_str())
+        .bind(requested)
+        .bind(now)
+        .fetch_optional(&mut **tx)
+        .await?;
+        if let Some(row) = written {
+            let (skill_id, revision, digest): (String, i64, String) =
+                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            let lease = sqlx::query(
+                "UPDATE runs SET expires_at = $2 + ttl_ms WHERE id = $1 RETURNING ttl_ms, expires_at",
+            )
+            .bind(run_id.as_str())
+            .bind(now)
+            .fetch_one(&mut **tx)
+            .await?;
+            let pin = LivePin {
+                skill_id,
+                revision,
+                digest,
+                ttl_ms: lease.try_get(0)?,
+                expires_at: lease.try_get(1)?,
+            };
+            return Ok((pin, true));
+        }
+    }
+    let run = run_row(tx, workspace, run_id).await?.ok_or_else(|| {
+        RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
+    })?;
+    let state = run.state_at(now);
+    if state != RunState::Active {
+        return Err(run_state_error(run_id, state));
+    }
+    let skill_id: String =
+        sqlx::query("SELECT skill_id FROM run_skills WHERE run_id = $1 AND skill_name = $2")
+            .bind(run_id.as_str())
+            .bind(skill.as_str())
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?
+            .ok_or_else(|| {
+                RegistryError::SkillNotAuthorized(format!(
+                    "skill {skill:?} is not in this run's authorized set"
+                ))
+            })?;
+    let existing =
+        sqlx::query("SELECT revision, digest FROM pins WHERE run_id = $1 AND skill_id = $2")
+            .bind(run_id.as_str())
+            .bind(&skill_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    if let Some(pin) = existing {
+        let (revision, digest): (i64, String) = (pin.try_get(0)?, pin.try_get(1)?);
+        if let Some(req) = requested.filter(|r| *r != revision) {
+            return Err(RegistryError::ActivationConflict {
+                skill: skill.to_string(),
+                pinned_revision: revision,
+                requested_revision: req,
+            });
+        }
+        let pin = LivePin {
+            skill_id,
+            revision,
+            digest,
+            ttl_ms: run.ttl_ms,
+            expires_at: run.expires_at,
+        };
+        return Ok((pin, false));
+    }
+    let srow = sqlx::query("SELECT state, current_revision FROM skills WHERE id = $1")
+        .bind(&skill_id)
+        .fetch_one(&mut **tx)
+        .await?;
+    let (sstate, current): (String, i64) = (srow.try_get(0)?, srow.try_get(1)?);
+    if sstate != "active" {
+        return Err(RegistryError::SkillDeleted(format!(
+            "skill {skill:?} was deleted; it cannot be activated in new work"
+        )));
+    }
+    let target = match requested {
+        Some(r) => r,
+        None if current == 0 => {
+            return Err(RegistryError::NotFound(format!(
+                "skill {skill:?} has no current revision"
+            )));
+        }
+        None => current,
+    };
+    // Locks the revision row: collection and revocation serialize with this pin.
+    let locked = sqlx::query("UPDATE revisions SET state = state WHERE skill_id = $1 AND revision = $2 AND state = 'available' RETURNING digest")
+        .bind(&skill_id)
+        .bind(target)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let Some(locked) = locked else {
+        let st: Option<String> =
+            sqlx::query("SELECT state FROM revisions WHERE skill_id = $1 AND revision = $2")
+                .bind(&skill_id)
+                .bind(target)
+                .fetch_optional(&mut **tx)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?;
+        return Err(match st.as_deref() {
+            Some("revoked") => {
+                RegistryError::RevisionRevoked(format!("revision {target} of {skill:?} is revoked"))
+            }
+            Some(other) => {
+                RegistryError::NotFound(format!("revision {target} of {skill:?} is {other}"))
+            }
+            None => RegistryError::NotFound(format!("skill {skill:?} has no revision {target}")),
+        });
+    };
+    let digest: String = locked.try_get(0)?;
+    execute!(
+        &mut **tx,
+        "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        run_id.as_str(),
+        &skill_id,
+        skill.as_str(),
+        target,
+        &digest,
+        now
+    );
+    execute!(
+        &mut **tx,
+        "UPDATE runs SET expires_at = $2 WHERE id = $1",
+        run_id.as_str(),
+        now + run.ttl_ms
+    );
+    let pin = LivePin {
+        skill_id,
+        revision: target,
+        digest,
+        ttl_ms: run.ttl_ms,
+        expires_at: now + run.ttl_ms,
+    };
+    Ok((pin, true))
 }

@@ -55,33 +55,49 @@ pub async fn metrics(State(s): State<SharedState>) -> Response {
         .as_ref()
         .map(|b| (b.deps.builds(), b.executions.in_progress() as u64))
         .unwrap_or((0, 0));
-    let body = s.metrics.render(&[
+    let (pin_commits, pins_written) = s.registry.meta().pin_commits();
+    let counters = [
         (
-            "skillbox_dep_env_builds",
-            "Dependency environments built by this process.",
-            builds,
+            "skillbox_pin_commits_total",
+            "Durable commits that wrote activations' pins (grouped on SQLite: one WAL fsync each).",
+            pin_commits,
         ),
         (
-            "skillbox_box_executions_in_progress",
-            "Sandbox executions running now.",
-            executing,
+            "skillbox_pins_written_total",
+            "Pins written by activations.",
+            pins_written,
         ),
-        (
-            "skillbox_store_blobs",
-            "Blobs in the content store.",
-            usage.blobs,
-        ),
-        (
-            "skillbox_store_blob_bytes",
-            "Bytes of blobs in the content store.",
-            usage.blob_bytes,
-        ),
-        (
-            "skillbox_revision_cache_trees",
-            "Trees in the revision cache.",
-            trees,
-        ),
-    ]);
+    ];
+    let body = s.metrics.render(
+        &counters,
+        &[
+            (
+                "skillbox_dep_env_builds",
+                "Dependency environments built by this process.",
+                builds,
+            ),
+            (
+                "skillbox_box_executions_in_progress",
+                "Sandbox executions running now.",
+                executing,
+            ),
+            (
+                "skillbox_store_blobs",
+                "Blobs in the content store.",
+                usage.blobs,
+            ),
+            (
+                "skillbox_store_blob_bytes",
+                "Bytes of blobs in the content store.",
+                usage.blob_bytes,
+            ),
+            (
+                "skillbox_revision_cache_trees",
+                "Trees in the revision cache.",
+                trees,
+            ),
+        ],
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

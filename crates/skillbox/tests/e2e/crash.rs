@@ -1,7 +1,8 @@
 //! Crash safety (SPEC §4.1, §8.10): publishes in a loop while the server is `kill -9`ed at
 //! random moments, 100 times. After every restart: every acknowledged publish is present with
 //! its digest, no partial revision is visible, the pointer names a complete revision; at the
-//! end `fsck` is clean and staging is empty.
+//! end `fsck` is clean and staging is empty. The same for activations under load (group
+//! commit): every acknowledged pin survives, none is half there.
 
 use crate::support::*;
 use serde_json::Value;
@@ -133,9 +134,7 @@ async fn kill9_during_publishes_loses_nothing() {
                         .body(bulky_package(n))
                         .send()
                         .await;
-                    let Ok(r) = r else { break };
-                    let st = r.status().as_u16();
-                    let Ok(v) = r.json::<Value>().await else {
+                    let Some((st, v)) = answered(r).await else {
                         break;
                     };
                     in_flight.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -187,4 +186,155 @@ async fn kill9_during_publishes_loses_nothing() {
         kills_mid_request > KILLS / 4,
         "too few kills landed mid-publish: {kills_mid_request}"
     );
+}
+
+/// Group commit does not trade durability (SPEC §4.1): 16 clients activate fresh (run, skill)
+/// pairs as fast as they can while the server is `kill -9`ed, five times. After every restart
+/// each acknowledged activation is present with the revision and digest it was answered with,
+/// and every pin present — acknowledged or caught in flight — is whole: its revision's digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_during_activations_loses_no_acknowledged_pin() {
+    const SKILLS: usize = 40;
+    const ROUNDS: usize = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let c = http();
+    let mut digests = std::collections::HashMap::new();
+    let mut runs: Vec<String> = Vec::new();
+    // (run, skill) -> (revision, digest), as acknowledged.
+    let acked: Arc<Mutex<Vec<(String, String, i64, String)>>> = Arc::default();
+    let mut killed_in_flight = 0;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..ROUNDS {
+        let mut s = Server::start_on(dir.path(), port, &[]);
+        if round == 0 {
+            for k in 0..SKILLS {
+                let name = format!("s{k}");
+                let (st, v) = publish(&c, &s, ADMIN, "acme", &name, 0, package(&name, "v1")).await;
+                assert_eq!(st, 201, "{v}");
+                digests.insert(name, v["digest"].as_str().unwrap().to_string());
+            }
+        }
+        verify_pins(&c, &s, &runs, &acked.lock().unwrap().clone(), &digests).await;
+        let mut round_runs = Vec::new();
+        for _ in 0..16 {
+            let r = c
+                .post(s.ws("acme", "runs"))
+                .bearer_auth(ADMIN)
+                .json(&serde_json::json!({}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+            round_runs.push(
+                r.json::<Value>().await.unwrap()["run_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+        runs.extend(round_runs.iter().cloned());
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let clients: Vec<_> = round_runs
+            .into_iter()
+            .map(|run| {
+                let (c, url, acked, in_flight) = (
+                    c.clone(),
+                    s.ws("acme", &format!("runs/{run}/activations")),
+                    acked.clone(),
+                    in_flight.clone(),
+                );
+                tokio::spawn(async move {
+                    for k in 0..SKILLS {
+                        let skill = format!("s{k}");
+                        in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let r = c
+                            .post(&url)
+                            .bearer_auth(ADMIN)
+                            .json(&serde_json::json!({"skill": skill}))
+                            .send()
+                            .await;
+                        let Some((st, v)) = answered(r).await else {
+                            break;
+                        };
+                        in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        assert_eq!(st, 200, "{v}");
+                        let digest = v["digest"].as_str().unwrap().to_string();
+                        acked.lock().unwrap().push((
+                            run.clone(),
+                            skill,
+                            v["revision"].as_i64().unwrap(),
+                            digest,
+                        ));
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(50 + rng.next() % 200)).await;
+        if in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            killed_in_flight += 1;
+        }
+        s.kill9();
+        for client in clients {
+            client.await.unwrap();
+        }
+    }
+    let s = Server::start_on(dir.path(), port, &[]);
+    let acked = acked.lock().unwrap().clone();
+    verify_pins(&c, &s, &runs, &acked, &digests).await;
+    eprintln!(
+        "{} acknowledged activations, {killed_in_flight} of {ROUNDS} kills with requests in flight",
+        acked.len()
+    );
+    assert!(
+        acked.len() >= ROUNDS * 16,
+        "too few activations to mean anything: {}",
+        acked.len()
+    );
+    assert!(
+        killed_in_flight >= ROUNDS / 2,
+        "too few kills landed under load: {killed_in_flight}"
+    );
+}
+
+/// Every acknowledged pin is present as acknowledged; every pin present is whole.
+async fn verify_pins(
+    c: &reqwest::Client,
+    s: &Server,
+    runs: &[String],
+    acked: &[(String, String, i64, String)],
+    digests: &std::collections::HashMap<String, String>,
+) {
+    let mut present = std::collections::HashMap::new();
+    for run in runs {
+        let (st, v) = get(c, &s.ws("acme", &format!("runs/{run}")), ADMIN).await;
+        assert_eq!(st, 200, "{v}");
+        for pin in v["activations"].as_array().unwrap() {
+            let skill = pin["skill"].as_str().unwrap().to_string();
+            let (revision, digest) = (
+                pin["revision"].as_i64().unwrap(),
+                pin["digest"].as_str().unwrap(),
+            );
+            assert_eq!(
+                (revision, digest),
+                (1, digests[&skill].as_str()),
+                "a pin that is not whole: {pin}"
+            );
+            present.insert((run.clone(), skill), (revision, digest.to_string()));
+        }
+    }
+    for (run, skill, revision, digest) in acked {
+        assert_eq!(
+            present.get(&(run.clone(), skill.clone())),
+            Some(&(*revision, digest.clone())),
+            "acknowledged activation of {skill} in run {run} lost"
+        );
+    }
+}
+
+/// A response's status and JSON body, or `None` when the server died before answering whole.
+async fn answered(r: reqwest::Result<reqwest::Response>) -> Option<(u16, Value)> {
+    let r = r.ok()?;
+    let status = r.status().as_u16();
+    Some((status, r.json::<Value>().await.ok()?))
 }
