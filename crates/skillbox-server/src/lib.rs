@@ -177,7 +177,11 @@ pub fn spawn_revocation_killer(state: SharedState) {
     });
 }
 
-/// Serves until `shutdown` resolves, then drains in-flight requests.
+/// How long a shutdown waits for open connections to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves until `shutdown` resolves, then drains in-flight requests (at most
+/// [`DRAIN_TIMEOUT`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
@@ -230,9 +234,19 @@ pub async fn serve(
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    // In-flight requests finish: every connection task returns its permit.
-    let _ = permits
-        .acquire_many(limits.max_connections.max(1) as u32)
-        .await;
+    // In-flight requests finish: every connection task returns its permit. Long-lived
+    // answers (event streams, MCP sessions' streams) would hold theirs forever, so the drain
+    // is bounded; what it cuts off is crash-safe like a `kill -9`.
+    let drained = tokio::time::timeout(
+        DRAIN_TIMEOUT,
+        permits.acquire_many(limits.max_connections.max(1) as u32),
+    )
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            open = limits.max_connections.max(1) - permits.available_permits(),
+            "shutting down with connections still open after {DRAIN_TIMEOUT:?}"
+        );
+    }
     Ok(())
 }

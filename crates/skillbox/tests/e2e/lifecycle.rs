@@ -425,3 +425,37 @@ async fn file_deleted_in_v2_is_absent_from_v2_tree() {
     .await;
     assert_eq!(st, 404);
 }
+
+/// SIGTERM stops the server even while a client holds an event stream open: the drain of
+/// in-flight requests is bounded (it once waited for the stream forever).
+#[tokio::test]
+async fn sigterm_stops_the_server_with_an_event_stream_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Server::start(dir.path(), &[]);
+    let c = http();
+    let stream = c
+        .get(s.ws("acme", "events"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let mut exited = None;
+    for _ in 0..600 {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            exited = Some(status);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    drop(stream);
+    assert!(
+        exited.is_some(),
+        "the server did not stop within a minute of SIGTERM"
+    );
+}
