@@ -235,7 +235,7 @@ impl MetaStore {
         let mut tx = self.write_tx().await?;
         let (pin, wrote) = pin_in(&mut tx, self.dialect, &request).await?;
         tx.commit().await?;
-        self.pins.counted(1, u64::from(wrote));
+        self.pins.stats.committed(u64::from(wrote));
         Ok(pin)
     }
 
@@ -380,6 +380,14 @@ struct PinStats {
     written: AtomicU64,
 }
 
+impl PinStats {
+    /// One durable commit that wrote `written` pins.
+    fn committed(&self, written: u64) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.written.fetch_add(written, Ordering::Relaxed);
+    }
+}
+
 /// Group commit of new pins on SQLite, whose one writer makes every commit wait for its own
 /// WAL fsync: pins that arrive while a batch commits are written together in the next
 /// transaction — one commit, one fsync — and each caller is answered only after the commit of
@@ -405,11 +413,6 @@ impl PinWriter {
             queue: Some(queue),
             stats,
         }
-    }
-
-    fn counted(&self, commits: u64, written: u64) {
-        self.stats.commits.fetch_add(commits, Ordering::Relaxed);
-        self.stats.written.fetch_add(written, Ordering::Relaxed);
     }
 
     async fn write_batches(
@@ -459,8 +462,7 @@ impl PinWriter {
             }
         }
         tx.commit().await?;
-        stats.commits.fetch_add(1, Ordering::Relaxed);
-        stats.written.fetch_add(written, Ordering::Relaxed);
+        stats.committed(written);
         Ok(answers)
     }
 
@@ -472,8 +474,7 @@ impl PinWriter {
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let (pin, wrote) = pin_in(&mut tx, Dialect::Sqlite, request).await?;
         tx.commit().await?;
-        stats.commits.fetch_add(1, Ordering::Relaxed);
-        stats.written.fetch_add(u64::from(wrote), Ordering::Relaxed);
+        stats.committed(u64::from(wrote));
         Ok(pin)
     }
 }
