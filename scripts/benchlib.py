@@ -1,5 +1,5 @@
 """Shared pieces of the bench scripts: servers, HTTP calls, and wrk driving a list of requests."""
-import json, os, socket, subprocess, time, urllib.request
+import json, os, re, socket, subprocess, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "skillbox")
@@ -82,7 +82,9 @@ def wrk(url, lines, tmp, conns, seconds, threads=2, stride=None, headers=None):
 
 
 def parse(out):
-    """(requests/s, p50 ms, p99 ms, non-2xx count, total requests) of a wrk --latency report."""
+    """(requests/s, p50 ms, p99 ms, failed count, total requests) of a wrk --latency report;
+    failed counts non-2xx answers and socket errors (a request that timed out or whose
+    connection broke did not succeed either)."""
     rps = float([l for l in out.splitlines() if l.startswith("Requests/sec")][0].split()[1])
     total = int([l for l in out.splitlines() if "requests in" in l][0].split()[0])
 
@@ -96,4 +98,8 @@ def parse(out):
             return float(v[:-1]) * 60000
         return float(v[:-1]) * 1000
     non2xx = [l for l in out.splitlines() if "Non-2xx" in l]
-    return rps, pct("50"), pct("99"), int(non2xx[0].split()[-1]) if non2xx else 0, total
+    failed = int(non2xx[0].split()[-1]) if non2xx else 0
+    for line in out.splitlines():
+        if line.strip().startswith("Socket errors:"):
+            failed += sum(int(n) for n in re.findall(r"\d+", line))
+    return rps, pct("50"), pct("99"), failed, total

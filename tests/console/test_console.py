@@ -193,3 +193,20 @@ def test_a_narrow_window_and_the_keyboard(page, server, workspace, tmp_path):
     page.click("#nav a[data-nav=skills]")
     page.fill("#search", "nothing-matches")
     assert "No skill matches" in page.inner_text("#skills")
+
+
+def test_a_long_list_draws_every_skill_and_searches_them_all(page, server, workspace, tmp_path):
+    # More skills than the first screenful the page draws before the rest.
+    c = sb.Client(server.url, ADMIN, workspace=workspace)
+    names = [f"skill-{i:03d}" for i in range(75)]
+    for name in names:
+        c.publish(name, skill_dir(str(tmp_path / name), name, "v1"))
+    sign_in(page, server, c.create_token("reader"))
+    page.wait_for_selector(f"#skills tbody tr:nth-child({len(names)})", state="attached")
+    rows = page.eval_on_selector_all("#skills tbody tr td:first-child", "cells => cells.map((c) => c.innerText)")
+    assert rows == names  # every skill once, in order
+    assert page.inner_text("#skill-count") == f"{len(names)} of {len(names)}"
+    page.fill("#search", "skill-072")
+    assert page.eval_on_selector_all("#skills tbody tr td:first-child", "cells => cells.map((c) => c.innerText)") == ["skill-072"]
+    assert page.inner_text("#skill-count") == f"1 of {len(names)}"
+    shot(page, "long-list-search")

@@ -163,6 +163,8 @@ impl Registry {
         }
         sweep.finish().await?;
         self.manifests.retain(|d| live_now.contains(&d.to_string()));
+        self.frontmatters
+            .retain(|d| live_now.contains(&d.to_string()));
         tracing::info!(
             revisions = report.revisions.len(),
             trees = report.trees_removed,

@@ -85,6 +85,8 @@ pub struct Registry {
     /// Resolved workspace tokens by hash (immutable once minted).
     pub(crate) tokens: Mutex<HashMap<String, Principal>>,
     instructions: Memo<String>,
+    /// Revisions' frontmatter by digest (it is parsed from the SKILL.md the digest covers).
+    pub(crate) frontmatters: Memo<serde_json::Value>,
     /// Bumped after every committed change (here, or on PostgreSQL on any server): wakes
     /// event streams.
     changes: Arc<tokio::sync::watch::Sender<u64>>,
@@ -109,11 +111,11 @@ impl<T> Default for Memo<T> {
 impl<T> Memo<T> {
     const MAX_ENTRIES: usize = 4096;
 
-    fn get(&self, digest: &Digest) -> Option<Arc<T>> {
+    pub(crate) fn get(&self, digest: &Digest) -> Option<Arc<T>> {
         self.entries.lock().ok()?.get(digest).cloned()
     }
 
-    fn insert(&self, digest: Digest, value: T) -> Arc<T> {
+    pub(crate) fn insert(&self, digest: Digest, value: T) -> Arc<T> {
         let value = Arc::new(value);
         if let Ok(mut entries) = self.entries.lock() {
             if entries.len() >= Self::MAX_ENTRIES {
@@ -208,6 +210,7 @@ impl Registry {
             tokens: Mutex::new(HashMap::new()),
             pin_cache,
             instructions: Memo::default(),
+            frontmatters: Memo::default(),
             changes,
             _listener: listener,
         }))

@@ -65,14 +65,25 @@ impl Registry {
     }
 
     pub async fn list_skills(&self, workspace: &str) -> Result<Vec<SkillSummary>> {
-        let mut out = Vec::new();
-        for s in self.meta.list_skills(workspace).await? {
-            let cur = if s.current_revision > 0 {
-                self.meta.revision(&s.id, s.current_revision).await?
-            } else {
-                None
+        let skills = self.meta.list_skills(workspace).await?;
+        let mut current: std::collections::HashMap<String, Revision> = self
+            .meta
+            .current_revisions(workspace)
+            .await?
+            .into_iter()
+            .map(|r| (r.skill_id.clone(), r))
+            .collect();
+        let mut out = Vec::with_capacity(skills.len());
+        for s in &skills {
+            let cur = match current.remove(&s.id) {
+                Some(r) if r.revision == s.current_revision => Some(r),
+                // The pointer moved between the two reads: this skill's own read.
+                _ if s.current_revision > 0 => {
+                    self.meta.revision(&s.id, s.current_revision).await?
+                }
+                _ => None,
             };
-            out.push(summary(&s, cur.as_ref()));
+            out.push(summary(s, cur.as_ref()));
         }
         Ok(out)
     }

@@ -9,7 +9,7 @@
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
-use crate::meta::{LivePin, PinRef, RevisionState, RunState, run_state_error};
+use crate::meta::{PinRef, RevisionState, RunState, run_state_error};
 use crate::meta::{new_id, now_ms};
 use crate::reads::FileContent;
 use skillbox_api::{Activation, Pin, RunView};
@@ -18,6 +18,21 @@ use std::sync::Arc;
 
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
 pub const MAX_TTL_SECONDS: u64 = 7 * 24 * 3600;
+
+/// `pinned_revision_unavailable`: `skill`'s pinned revision cannot be served, and why.
+fn unavailable(
+    skill: &str,
+    skill_id: &str,
+    revision: i64,
+    reason: impl Into<String>,
+) -> RegistryError {
+    RegistryError::PinnedRevisionUnavailable {
+        skill: skill.to_string(),
+        skill_id: skill_id.to_string(),
+        revision,
+        reason: reason.into(),
+    }
+}
 
 /// The sandbox path of a pinned revision.
 pub fn mount_path(skill_id: &str, revision: i64) -> String {
@@ -140,42 +155,93 @@ impl Registry {
         requested: Option<i64>,
     ) -> Result<Activation> {
         let now = now_ms();
-        // Re-activation is the common case and needs no write: answer it from a read.
-        let pin = match self.meta.live_pin(workspace, run_id, skill, now).await? {
-            Some(pin) => {
-                if let Some(req) = requested.filter(|r| *r != pin.revision) {
-                    return Err(RegistryError::ActivationConflict {
-                        skill: skill.to_string(),
-                        pinned_revision: pin.revision,
-                        requested_revision: req,
-                    });
-                }
-                pin
+        let key = (workspace.to_string(), run_id.to_string(), skill.to_string());
+        // Re-activation is the common case: a cached pin (live run, available revision as of
+        // the cache's generation) answers it without the database.
+        if let Some(cached) = self.pin_cache.get(&key).filter(|p| p.expires_at > now) {
+            if let Some(req) = requested.filter(|r| *r != cached.revision) {
+                return Err(RegistryError::ActivationConflict {
+                    skill: skill.to_string(),
+                    pinned_revision: cached.revision,
+                    requested_revision: req,
+                });
             }
-            None => {
-                self.meta
-                    .pin(workspace, run_id, skill, requested, now)
-                    .await?
+            let answer = self.answer_activation(skill, &cached, true).await?;
+            if cached.expires_at - now < cached.ttl_ms / 2 {
+                self.touch_lease(run_id, cached.ttl_ms, cached.expires_at)
+                    .await?;
+                self.pin_cache.forget(&key);
             }
-        };
-        self.activation(skill, run_id, pin).await
+            return Ok(answer);
+        }
+        let generation = self.pin_cache.generation();
+        // The existing pin, or a new one written (and durable) now.
+        let (pin, written) = self
+            .meta
+            .pin(workspace, run_id, skill, requested, now)
+            .await?;
+        let d: Digest = pin.digest.parse().map_err(RegistryError::internal)?;
+        let manifest = self.manifest(&d).await.map_err(|e| {
+            unavailable(
+                skill,
+                &pin.skill_id,
+                pin.revision,
+                format!("its manifest cannot be loaded ({e})"),
+            )
+        })?;
+        let cached = Arc::new(CachedPin {
+            skill_id: pin.skill_id,
+            revision: pin.revision,
+            digest: d,
+            expires_at: pin.expires_at,
+            ttl_ms: pin.ttl_ms,
+            manifest,
+        });
+        // An existing pin's revision may have been revoked since: its state is read.
+        let answer = self.answer_activation(skill, &cached, written).await?;
+        self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
+        self.pin_cache.put(key, generation, cached);
+        Ok(answer)
     }
 
-    /// The answer to an activation of a pin.
-    async fn activation(&self, skill: &str, run_id: &str, pin: LivePin) -> Result<Activation> {
-        let (rev_row, manifest, instructions) = self
-            .pinned_content(skill, &pin.skill_id, pin.revision, &pin.digest)
-            .await?;
-        self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
+    /// The answer to an activation of `pin`. Its instructions, manifest and frontmatter are
+    /// what its digest determines, from memory when known; `checked` says the revision's state
+    /// was just checked (a pin written now, or cached as available), so no row is read for it.
+    async fn answer_activation(
+        &self,
+        skill: &str,
+        pin: &CachedPin,
+        checked: bool,
+    ) -> Result<Activation> {
+        let digest = pin.digest.to_string();
+        let (frontmatter, instructions) = match self.frontmatters.get(&pin.digest) {
+            Some(frontmatter) if checked => {
+                let instructions = self.instructions(&pin.digest, &pin.manifest).await;
+                let instructions = instructions.map_err(|e| {
+                    let reason = format!("its SKILL.md cannot be read ({e})");
+                    unavailable(skill, &pin.skill_id, pin.revision, reason)
+                })?;
+                (frontmatter, instructions)
+            }
+            _ => {
+                let (row, _, instructions) = self
+                    .pinned_content(skill, &pin.skill_id, pin.revision, &digest)
+                    .await?;
+                (
+                    self.frontmatters.insert(pin.digest, row.frontmatter),
+                    instructions,
+                )
+            }
+        };
         Ok(Activation {
             skill: skill.to_string(),
             mount_path: mount_path(&pin.skill_id, pin.revision),
-            skill_id: pin.skill_id,
+            skill_id: pin.skill_id.clone(),
             revision: pin.revision,
-            digest: pin.digest,
+            digest,
             instructions: instructions.to_string(),
-            frontmatter: rev_row.frontmatter,
-            files: manifest.entries().to_vec(),
+            frontmatter: (*frontmatter).clone(),
+            files: pin.manifest.entries().to_vec(),
         })
     }
 
@@ -191,12 +257,7 @@ impl Registry {
         Arc<skillbox_package::Manifest>,
         Arc<String>,
     )> {
-        let unavailable = |reason: String| RegistryError::PinnedRevisionUnavailable {
-            skill: skill.to_string(),
-            skill_id: skill_id.to_string(),
-            revision,
-            reason,
-        };
+        let unavailable = |reason: String| unavailable(skill, skill_id, revision, reason);
         let row = self
             .meta
             .revision(skill_id, revision)
@@ -253,12 +314,12 @@ impl Registry {
             .await?
         {
             Some(content) => Ok((entry, content)),
-            None => Err(RegistryError::PinnedRevisionUnavailable {
-                skill: skill.to_string(),
-                skill_id: pin.skill_id.clone(),
-                revision: pin.revision,
-                reason: "its content is missing from the store or fails verification".into(),
-            }),
+            None => Err(unavailable(
+                skill,
+                &pin.skill_id,
+                pin.revision,
+                "its content is missing from the store or fails verification",
+            )),
         }
     }
 
@@ -293,12 +354,7 @@ impl Registry {
                 "skill {skill:?} is not activated in run {run_id}; activate it first"
             )));
         };
-        let unavailable = |reason: &str| RegistryError::PinnedRevisionUnavailable {
-            skill: skill.to_string(),
-            skill_id: skill_id.clone(),
-            revision,
-            reason: reason.to_string(),
-        };
+        let unavailable = |reason: &str| unavailable(skill, &skill_id, revision, reason);
         match revision_state {
             Some(RevisionState::Available) => {}
             Some(RevisionState::Revoked) => {
@@ -594,12 +650,8 @@ impl Registry {
                 .await?;
             let d: Digest = pin.digest.parse().map_err(RegistryError::internal)?;
             let tree = self.tree(&d, &manifest).await.map_err(|e| {
-                RegistryError::PinnedRevisionUnavailable {
-                    skill: pin.skill.clone(),
-                    skill_id: pin.skill_id.clone(),
-                    revision: pin.revision,
-                    reason: format!("its tree cannot be rebuilt ({e})"),
-                }
+                let reason = format!("its tree cannot be rebuilt ({e})");
+                unavailable(&pin.skill, &pin.skill_id, pin.revision, reason)
             })?;
             out.push(PinnedTree {
                 pin: pin.clone(),

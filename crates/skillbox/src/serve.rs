@@ -213,14 +213,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         skillbox_server::spawn_upkeep(state.clone(), std::time::Duration::from_secs(5), gc_every);
         skillbox_server::spawn_revocation_killer(state.clone());
         skillbox_server::remote::spawn_revocation_relay(state.clone());
-        // The MCP endpoint's sessions call this server's own API, on loopback.
+        // The MCP endpoint's sessions call this server's own API: in-process through its
+        // router (the loopback address is the fallback until the router is set).
         let local = listener.local_addr()?;
         let loopback = match local.ip() {
             ip if ip.is_unspecified() && ip.is_ipv4() => std::net::SocketAddr::from(([127, 0, 0, 1], local.port())),
             ip if ip.is_unspecified() => std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, local.port())),
             _ => local,
         };
-        let mcp = crate::client::mcp_http_service(format!("http://{loopback}"), state.box_available())?;
+        let local_api = crate::client::LocalApi::default();
+        let mcp = crate::client::mcp_http_service(format!("http://{loopback}"), local_api.clone(), state.box_available())?;
         let mounted = skillbox_server::routes::mount(
             &state,
             "/v1/workspaces/{ws}/mcp",
@@ -230,6 +232,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .layer(axum::middleware::from_fn(crate::client::session_end_as_no_content));
         let limits = state.cfg.connections;
         let app = skillbox_server::router_with(state, mounted);
+        local_api.set(app.clone());
         skillbox_server::serve(listener, app, limits, shutdown_signal()).await?;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)

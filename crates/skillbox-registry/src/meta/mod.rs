@@ -202,6 +202,16 @@ impl MetaStore {
                         conn.execute("PRAGMA journal_mode = WAL").await?;
                         conn.execute("PRAGMA synchronous = FULL").await?;
                         conn.execute("PRAGMA busy_timeout = 30000").await?;
+                        // Room for the hot pages of the run and pin tables and their indexes
+                        // (the default 2 MiB makes a busy writer re-read them), and fewer,
+                        // larger checkpoints: a page written by many commits is copied back
+                        // to the database once per checkpoint, not once per 4 MiB of WAL.
+                        conn.execute("PRAGMA cache_size = -16384").await?;
+                        conn.execute("PRAGMA wal_autocheckpoint = 8000").await?;
+                        // Statement journals (a multi-row statement inside a transaction keeps
+                        // one to undo itself alone) in memory, not in a temporary file written
+                        // page by page.
+                        conn.execute("PRAGMA temp_store = MEMORY").await?;
                     }
                     Ok(())
                 })

@@ -47,6 +47,20 @@ impl MetaStore {
         row.as_ref().map(revision_from).transpose()
     }
 
+    /// The current revision of every active skill of the workspace, in one query (a listing
+    /// of thousands of skills must not ask once per skill).
+    pub async fn current_revisions(&self, workspace: &str) -> Result<Vec<Revision>> {
+        let q = format!(
+            "SELECT {REV_COLS} FROM revisions WHERE (skill_id, revision) IN
+             (SELECT id, current_revision FROM skills WHERE workspace = $1 AND state = 'active')"
+        );
+        let rows = sqlx::query(AssertSqlSafe(q))
+            .bind(workspace)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(revision_from).collect()
+    }
+
     pub async fn revisions(&self, skill_id: &str) -> Result<Vec<Revision>> {
         let q =
             format!("SELECT {REV_COLS} FROM revisions WHERE skill_id = $1 ORDER BY revision DESC");

@@ -3,6 +3,7 @@
 
 use super::*;
 use skillbox_api::Pin;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -178,7 +179,7 @@ impl MetaStore {
     }
 
     /// The pin of `skill` in a live run.
-    pub async fn live_pin(
+    async fn live_pin(
         &self,
         workspace: &str,
         run_id: &str,
@@ -205,9 +206,10 @@ impl MetaStore {
     }
 
     /// Pins `skill` in the run, once: its existing pin, else the requested (or current)
-    /// revision, whose row is locked while the pin is written; renews the run's lease. On
+    /// revision, whose row is locked while the pin is written; renews the run's lease. Says
+    /// whether the pin was written now (then the revision was available as it committed). On
     /// SQLite the pin goes through the group commit ([`PinWriter`]): answered once the batch
-    /// holding it is durable.
+    /// holding it is durable; an existing pin is found there too, by the write's own check.
     pub async fn pin(
         &self,
         workspace: &str,
@@ -215,7 +217,7 @@ impl MetaStore {
         skill: &str,
         requested: Option<i64>,
         now: i64,
-    ) -> Result<LivePin> {
+    ) -> Result<(LivePin, bool)> {
         let request = PinRequest {
             workspace: workspace.to_string(),
             run_id: run_id.to_string(),
@@ -232,11 +234,22 @@ impl MetaStore {
                 }
             }
         }
+        // Without the group commit (PostgreSQL), an existing pin is a read: no transaction.
+        if let Some(pin) = self.live_pin(workspace, run_id, skill, now).await? {
+            if let Some(req) = requested.filter(|r| *r != pin.revision) {
+                return Err(RegistryError::ActivationConflict {
+                    skill: skill.to_string(),
+                    pinned_revision: pin.revision,
+                    requested_revision: req,
+                });
+            }
+            return Ok((pin, false));
+        }
         let mut tx = self.write_tx().await?;
         let (pin, wrote) = pin_in(&mut tx, self.dialect, &request).await?;
         tx.commit().await?;
         self.pins.stats.committed(u64::from(wrote));
-        Ok(pin)
+        Ok((pin, wrote))
     }
 
     /// Durable commits that wrote pins, and pins written, since the store was opened.
@@ -372,7 +385,7 @@ struct PinRequest {
     now: i64,
 }
 
-type PinReply = tokio::sync::oneshot::Sender<Result<LivePin>>;
+type PinReply = tokio::sync::oneshot::Sender<Result<(LivePin, bool)>>;
 
 #[derive(Default)]
 struct PinStats {
@@ -445,17 +458,23 @@ impl PinWriter {
         writer: &AnyPool,
         batch: &[(PinRequest, PinReply)],
         stats: &PinStats,
-    ) -> Result<Vec<Result<LivePin>>> {
+    ) -> Result<Vec<Result<(LivePin, bool)>>> {
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let mut answers = Vec::with_capacity(batch.len());
-        let mut written = 0;
+        let mut fresh = write_common_pins(&mut tx, batch).await?;
+        let mut written = fresh.len() as u64;
         for (request, _) in batch {
-            // An answer that is an error wrote nothing (every check precedes the writes), so
-            // the batch goes on; a database error ends it (dropping `tx` rolls back).
+            if let Some(pin) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
+                answers.push(Ok((pin, true)));
+                continue;
+            }
+            // The rest one by one. An answer that is an error wrote nothing (every check
+            // precedes the writes), so the batch goes on; a database error ends it (dropping
+            // `tx` rolls back).
             match pin_in(&mut tx, Dialect::Sqlite, request).await {
                 Ok((pin, wrote)) => {
                     written += u64::from(wrote);
-                    answers.push(Ok(pin));
+                    answers.push(Ok((pin, wrote)));
                 }
                 Err(e @ RegistryError::Metadata(_)) => return Err(e),
                 Err(e) => answers.push(Err(e)),
@@ -470,13 +489,135 @@ impl PinWriter {
         writer: &AnyPool,
         request: &PinRequest,
         stats: &PinStats,
-    ) -> Result<LivePin> {
+    ) -> Result<(LivePin, bool)> {
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let (pin, wrote) = pin_in(&mut tx, Dialect::Sqlite, request).await?;
         tx.commit().await?;
         stats.committed(u64::from(wrote));
-        Ok(pin)
+        Ok((pin, wrote))
     }
+}
+
+/// The common case of a batch in three statements, whatever its size: every request for a
+/// live run, an authorized active skill and an available revision, not pinned yet, is pinned
+/// by one `INSERT … SELECT` over the batch; one `UPDATE` renews those runs' leases that have
+/// less than half left, and one `SELECT` reads them. Returns those pins by (run, skill name);
+/// the other requests (and repeats of a pair within the batch) are left for [`pin_in`], which
+/// says why they differ. SQLite only (the writer's lock is held).
+async fn write_common_pins(
+    tx: &mut Tx,
+    batch: &[(PinRequest, PinReply)],
+) -> Result<HashMap<(String, String), LivePin>> {
+    let mut firsts = std::collections::HashSet::new();
+    let requests: Vec<&PinRequest> = batch
+        .iter()
+        .map(|(r, _)| r)
+        .filter(|r| firsts.insert((r.run_id.as_str(), r.skill.as_str())))
+        .collect();
+    let mut pins = HashMap::new();
+    if requests.is_empty() {
+        return Ok(pins);
+    }
+    let values = (0..requests.len())
+        .map(|i| {
+            let p = i * 5;
+            format!(
+                "(${}, ${}, ${}, ${}, ${})",
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4,
+                p + 5
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values})
+         INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+         SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
+         FROM req
+         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
+             AND r.state = 'active' AND r.expires_at > req.now
+         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
+         JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
+         JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
+             AND v.revision = COALESCE(req.requested, s.current_revision)
+         WHERE NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
+         RETURNING run_id, skill_name, skill_id, revision, digest"
+    );
+    let mut insert = sqlx::query(AssertSqlSafe(sql));
+    for r in &requests {
+        insert = insert
+            .bind(r.run_id.as_str())
+            .bind(r.workspace.as_str())
+            .bind(r.skill.as_str())
+            .bind(r.requested)
+            .bind(r.now);
+    }
+    let rows = insert.fetch_all(&mut **tx).await?;
+    if rows.is_empty() {
+        return Ok(pins);
+    }
+    // Each run's lease from its latest request, renewed only once less than half of it is
+    // left (as any activity renews it): a renewal dirties the run's page, and most
+    // activations come early in their run's lease.
+    let mut runs: HashMap<&str, i64> = HashMap::new();
+    for r in &requests {
+        let now = runs.entry(r.run_id.as_str()).or_insert(r.now);
+        *now = (*now).max(r.now);
+    }
+    let values = (0..runs.len())
+        .map(|i| format!("(${}, ${})", i * 2 + 1, i * 2 + 2))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let renew = format!(
+        "WITH req (run, at) AS (VALUES {values})
+         UPDATE runs SET expires_at = req.at + ttl_ms FROM req
+         WHERE id = req.run AND expires_at - req.at < ttl_ms / 2"
+    );
+    let leases = format!(
+        "WITH req (run, at) AS (VALUES {values})
+         SELECT id, ttl_ms, expires_at FROM runs JOIN req ON id = req.run"
+    );
+    let mut renew = sqlx::query(AssertSqlSafe(renew));
+    let mut read = sqlx::query(AssertSqlSafe(leases));
+    for (id, now) in &runs {
+        renew = renew.bind(*id).bind(*now);
+        read = read.bind(*id).bind(*now);
+    }
+    renew.execute(&mut **tx).await?;
+    let mut leases = HashMap::new();
+    for row in read.fetch_all(&mut **tx).await? {
+        let (id, ttl_ms, expires_at): (String, i64, i64) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        leases.insert(id, (ttl_ms, expires_at));
+    }
+    for row in rows {
+        let (run_id, skill, skill_id, revision, digest): (String, String, String, i64, String) = (
+            row.try_get(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+            row.try_get(3)?,
+            row.try_get(4)?,
+        );
+        let Some(&(ttl_ms, expires_at)) = leases.get(&run_id) else {
+            return Err(RegistryError::broken(format!(
+                "run {run_id} got a pin but its lease cannot be read"
+            )));
+        };
+        pins.insert(
+            (run_id, skill),
+            LivePin {
+                skill_id,
+                revision,
+                digest,
+                ttl_ms,
+                expires_at,
+            },
+        );
+    }
+    Ok(pins)
 }
 
 /// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
@@ -490,23 +631,32 @@ async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(
         now,
     } = request;
     let (requested, now) = (*requested, *now);
-    if dialect == Dialect::Sqlite {
-        // The common case in two statements: a live run, an authorized, active skill, an
-        // available revision, no pin yet. SQLite's write lock (held since BEGIN IMMEDIATE)
-        // orders this with collection and revocation; anything else takes the long way
-        // below, which says why.
-        let written = sqlx::query(
-            "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
-             SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, $5
-             FROM runs r
-             JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = $3
-             JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
-             JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
-                 AND v.revision = COALESCE($4, s.current_revision)
-             WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $5
-                 AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
-             RETURNING skill_id, revision, digest",
-        )
+    // The common case in one statement: a live run, an authorized, active skill, an available
+    // revision, no pin yet; anything else takes the long way below, which says why. SQLite's
+    // write lock (held since BEGIN IMMEDIATE) orders it with collection and revocation; on
+    // PostgreSQL the revision row is share-locked (`FOR SHARE`), which orders it with their
+    // updates of that row as the long way's lock does, while activations of one revision do
+    // not wait for each other. A pin committed meanwhile by another transaction is no
+    // conflict: nothing is written, and the long way finds that pin.
+    let lock = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => "FOR SHARE OF v",
+    };
+    let insert = format!(
+        "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+         SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, $5
+         FROM runs r
+         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = $3
+         JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
+         JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
+             AND v.revision = COALESCE($4, s.current_revision)
+         WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $5
+             AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
+         {lock}
+         ON CONFLICT (run_id, skill_id) DO NOTHING
+         RETURNING skill_id, revision, digest"
+    );
+    let written = sqlx::query(AssertSqlSafe(insert))
         .bind(run_id.as_str())
         .bind(workspace.as_str())
         .bind(skill.as_str())
@@ -514,25 +664,28 @@ async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(
         .bind(now)
         .fetch_optional(&mut **tx)
         .await?;
-        if let Some(row) = written {
-            let (skill_id, revision, digest): (String, i64, String) =
-                (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-            let lease = sqlx::query(
-                "UPDATE runs SET expires_at = $2 + ttl_ms WHERE id = $1 RETURNING ttl_ms, expires_at",
-            )
+    if let Some(row) = written {
+        let (skill_id, revision, digest): (String, i64, String) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        // The lease as any activity renews it: once less than half of it is left.
+        execute!(
+            &mut **tx,
+            "UPDATE runs SET expires_at = $2 + ttl_ms WHERE id = $1 AND expires_at - $2 < ttl_ms / 2",
+            run_id.as_str(),
+            now
+        );
+        let lease = sqlx::query("SELECT ttl_ms, expires_at FROM runs WHERE id = $1")
             .bind(run_id.as_str())
-            .bind(now)
             .fetch_one(&mut **tx)
             .await?;
-            let pin = LivePin {
-                skill_id,
-                revision,
-                digest,
-                ttl_ms: lease.try_get(0)?,
-                expires_at: lease.try_get(1)?,
-            };
-            return Ok((pin, true));
-        }
+        let pin = LivePin {
+            skill_id,
+            revision,
+            digest,
+            ttl_ms: lease.try_get(0)?,
+            expires_at: lease.try_get(1)?,
+        };
+        return Ok((pin, true));
     }
     let run = run_row(tx, workspace, run_id).await?.ok_or_else(|| {
         RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
@@ -647,4 +800,133 @@ async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(
         expires_at: now + run.ttl_ms,
     };
     Ok((pin, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Registry, RegistryConfig};
+
+    fn package(name: &str, version: &str) -> Vec<u8> {
+        let md = format!("---\nname: {name}\ndescription: {version}\n---\n# {version}\n");
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_ustar();
+        header.set_size(md.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, "SKILL.md", md.as_bytes())
+            .unwrap();
+        tar.into_inner().unwrap()
+    }
+
+    async fn publish(r: &Registry, name: &str, base: i64) {
+        let staging = r.new_staging("test-").unwrap();
+        std::fs::write(
+            staging.path().join("upload"),
+            package(name, &format!("v{base}")),
+        )
+        .unwrap();
+        r.publish_archive("ws", name, base, staging, None, "test")
+            .await
+            .unwrap();
+    }
+
+    fn request(run: &str, skill: &str, requested: Option<i64>) -> (PinRequest, PinReply) {
+        let request = PinRequest {
+            workspace: "ws".into(),
+            run_id: run.into(),
+            skill: skill.into(),
+            requested,
+            now: now_ms(),
+        };
+        (request, tokio::sync::oneshot::channel().0)
+    }
+
+    /// One batch mixing the common case (written by the batch's one `INSERT … SELECT`) with
+    /// everything else (a repeat, an existing pin, a conflict, an unauthorized skill, a
+    /// finished run, a revoked revision): each request gets its own answer, and the batch is
+    /// one commit that wrote exactly the new pins.
+    #[tokio::test]
+    async fn a_batch_writes_its_common_pins_together_and_answers_each_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Registry::open(RegistryConfig::new(dir.path()))
+            .await
+            .unwrap();
+        publish(&r, "a", 0).await;
+        publish(&r, "a", 1).await;
+        publish(&r, "b", 0).await;
+        publish(&r, "c", 0).await;
+        r.revoke("ws", "c", 1, "test").await.unwrap();
+        let both = r.create_run("ws", Some(vec!["a".into(), "b".into()]), None, false);
+        let both = both.await.unwrap().run_id;
+        let only_a = r.create_run("ws", Some(vec!["a".into()]), None, false);
+        let only_a = only_a.await.unwrap().run_id;
+        let with_c = r.create_run("ws", Some(vec!["a".into(), "c".into()]), None, false);
+        let with_c = with_c.await.unwrap().run_id;
+        let done = r.create_run("ws", None, None, false).await.unwrap().run_id;
+        r.finish_run("ws", &done).await.unwrap();
+        // An existing pin before the batch.
+        r.activate("ws", &with_c, "a", None).await.unwrap();
+
+        let batch = vec![
+            request(&both, "a", None),      // new: current revision 2
+            request(&both, "b", None),      // new
+            request(&both, "a", None),      // a repeat within the batch: the same pin
+            request(&only_a, "a", Some(1)), // new, the requested revision
+            request(&only_a, "b", None),    // not authorized
+            request(&with_c, "a", Some(1)), // conflicts with the existing pin of r2
+            request(&with_c, "c", Some(1)), // revoked
+            request(&done, "a", None),      // finished run
+            request(&with_c, "a", None),    // the existing pin
+        ];
+        let stats = PinStats::default();
+        let answers = PinWriter::write_together(r.meta.writer(), &batch, &stats)
+            .await
+            .unwrap();
+        let pinned = |i: usize| match &answers[i] {
+            Ok((pin, wrote)) => (pin.revision, *wrote),
+            Err(e) => panic!("request {i}: {e:?}"),
+        };
+        assert_eq!(pinned(0), (2, true));
+        assert_eq!(pinned(1), (1, true));
+        assert_eq!(pinned(2), (2, false));
+        assert_eq!(pinned(3), (1, true));
+        assert!(
+            matches!(answers[4], Err(RegistryError::SkillNotAuthorized(_))),
+            "{:?}",
+            answers[4]
+        );
+        assert!(
+            matches!(
+                answers[5],
+                Err(RegistryError::ActivationConflict {
+                    pinned_revision: 2,
+                    requested_revision: 1,
+                    ..
+                })
+            ),
+            "{:?}",
+            answers[5]
+        );
+        assert!(
+            matches!(answers[6], Err(RegistryError::RevisionRevoked(_))),
+            "{:?}",
+            answers[6]
+        );
+        assert!(answers[7].is_err(), "a finished run pins nothing");
+        assert_eq!(pinned(8), (2, false));
+        assert_eq!(stats.commits.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.written.load(Ordering::Relaxed), 3);
+        // What the batch answered is what is stored, and each pin renewed its run's lease.
+        let run = r.run("ws", &both).await.unwrap();
+        let stored: Vec<(String, i64)> = run
+            .activations
+            .iter()
+            .map(|p| (p.skill.clone(), p.revision))
+            .collect();
+        assert_eq!(stored, vec![("a".to_string(), 2), ("b".to_string(), 1)]);
+        let (pin, _) = answers[0].as_ref().unwrap();
+        assert_eq!(pin.expires_at, run.expires_at);
+        assert!(r.run("ws", &only_a).await.unwrap().activations.len() == 1);
+    }
 }

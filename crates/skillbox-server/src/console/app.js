@@ -43,6 +43,9 @@ async function api(method, path, body, opts = {}) {
   if (body !== undefined) { headers["Content-Type"] = "application/json"; payload = JSON.stringify(body); }
   const r = await fetch(path, { method, headers, body: payload, signal: opts.signal });
   if (opts.raw && r.ok) return r;
+  // A JSON answer straight from the bytes (no intermediate string: the skills list of a big
+  // workspace is hundreds of KiB).
+  if (r.ok && (r.headers.get("content-type") || "").startsWith("application/json")) return r.json();
   const text = await r.text();
   let json = null;
   try { json = text ? JSON.parse(text) : null; } catch { json = null; }
@@ -159,31 +162,45 @@ async function setupHeader() {
     picker.hidden = false;
     if (!picker.dataset.loaded) {
       picker.dataset.loaded = "1";
-      let names = [];
-      try { names = (await api("GET", "/v1/admin/workspaces")).workspaces; } catch { names = []; }
-      if (!session.workspace) session.setWorkspace(names[0] || "default");
-      if (!names.includes(session.workspace)) names.unshift(session.workspace);
-      picker.replaceChildren(...names.map((n) => h("option", { value: n, selected: n === session.workspace }, n)),
-        h("option", { value: "__other" }, "Other workspace…"));
-      picker.addEventListener("change", () => {
-        let v = picker.value;
-        if (v === "__other") {
-          v = (prompt("Workspace name") || "").trim();
-          if (!v) { picker.value = session.workspace; return; }
-          picker.insertBefore(h("option", { value: v }, v), picker.lastChild);
-          picker.value = v;
-        }
-        session.setWorkspace(v);
-        route();
-      });
+      const filled = fillPicker(picker);
+      // The page waits for the list only when it must pick the workspace from it.
+      if (!session.workspace) await filled;
     }
   } else {
     picker.hidden = true;
   }
 }
 
+async function fillPicker(picker) {
+  // The server admin's workspaces, and switching between them.
+  let names = [];
+  try { names = (await api("GET", "/v1/admin/workspaces")).workspaces; } catch { names = []; }
+  if (!session.workspace) session.setWorkspace(names[0] || "default");
+  if (!names.includes(session.workspace)) names.unshift(session.workspace);
+  picker.replaceChildren(...names.map((n) => h("option", { value: n, selected: n === session.workspace }, n)),
+    h("option", { value: "__other" }, "Other workspace…"));
+  picker.addEventListener("change", () => {
+    let v = picker.value;
+    if (v === "__other") {
+      v = (prompt("Workspace name") || "").trim();
+      if (!v) { picker.value = session.workspace; return; }
+      picker.insertBefore(h("option", { value: v }, v), picker.lastChild);
+      picker.value = v;
+    }
+    session.setWorkspace(v);
+    route();
+  });
+}
+
 // ---------- skills ----------
-async function pageSkills(params) {
+// The rows of a first screenful: drawn and painted first; the rest follow in the next task,
+// so a workspace of thousands of skills shows its list as fast as one of fifty.
+const FIRST_ROWS = 60;
+const skillRow = (s) => `<tr><td><a href="#/skills/${esc(enc(s.name))}">${esc(s.name)}</a></td>` +
+  `<td class="opt">${esc(s.description || "")}</td><td class="num">r${s.current_revision}</td>` +
+  `<td class="opt" title="${esc(when(s.updated_at))}">${esc(ago(s.updated_at))}</td></tr>`;
+
+async function pageSkills(params, early) {
   const q = params.get("q") || "";
   const search = h("input", { type: "search", id: "search", value: q, placeholder: "Search by name or description", "aria-label": "Search skills" });
   const count = h("span", { class: "muted", id: "skill-count" });
@@ -193,25 +210,34 @@ async function pageSkills(params) {
       can("author") ? h("a", { class: "button", href: "#/publish" }, "Publish a skill") : null),
     h("div", { class: "row" }, search, count),
     h("table", { id: "skills" },
+      h("colgroup", {}, h("col", { class: "name" }), h("col", { class: "opt" }), h("col", { class: "num" }), h("col", { class: "opt when" })),
       h("thead", {}, h("tr", {}, h("th", {}, "Name"), h("th", { class: "opt" }, "Description"), h("th", { class: "num" }, "Current"), h("th", { class: "opt" }, "Last change"))),
       body));
   let skills;
-  try { skills = (await api("GET", ws("skills"))).skills; } catch (e) { main().append(errorBox(e)); return; }
-  skills.sort((a, b) => a.name.localeCompare(b.name));
-  const draw = () => {
+  try { skills = (await (early || api("GET", ws("skills")))).skills; } catch (e) { main().append(errorBox(e)); return; }
+  // (The server lists them by name.)
+  let drawn = 0; // the latest draw: a later one (a keystroke) drops an earlier one's rest
+  const draw = (mark) => {
+    const n = ++drawn;
     const term = search.value.trim().toLowerCase();
     const shown = term ? skills.filter((s) => s.name.toLowerCase().includes(term) || (s.description || "").toLowerCase().includes(term)) : skills;
-    // One string, one parse: the first paint of a thousand skills.
-    body.innerHTML = shown.map((s) => `<tr><td><a href="#/skills/${esc(enc(s.name))}">${esc(s.name)}</a></td>` +
-      `<td class="opt">${esc(s.description || "")}</td><td class="num">r${s.current_revision}</td>` +
-      `<td class="opt" title="${esc(when(s.updated_at))}">${esc(ago(s.updated_at))}</td></tr>`).join("") ||
+    // One string, one parse per part.
+    body.innerHTML = shown.slice(0, FIRST_ROWS).map(skillRow).join("") ||
       `<tr><td colspan="4" class="muted">${skills.length ? "No skill matches." : "No skills yet."}</td></tr>`;
     count.textContent = `${shown.length} of ${skills.length}`;
+    requestAnimationFrame(() => {
+      setTimeout(() => {
+        if (n !== drawn) return;
+        if (mark) mark("skills-painted");
+        if (shown.length > FIRST_ROWS) body.insertAdjacentHTML("beforeend", shown.slice(FIRST_ROWS).map(skillRow).join(""));
+        if (mark) requestAnimationFrame(() => setTimeout(() => mark("skills-complete"), 0));
+      }, 0);
+    });
   };
-  draw();
-  // For scripts/bench-console: the list is in the document, then painted (the frame after).
+  // For scripts/bench-console: the first rows are in the document, then painted (the frame
+  // after), then every row is painted.
+  draw((mark) => performance.mark(mark));
   performance.mark("skills-listed");
-  requestAnimationFrame(() => setTimeout(() => performance.mark("skills-painted"), 0));
   search.addEventListener("input", () => {
     draw();
     history.replaceState(null, "", search.value ? `#/?q=${enc(search.value)}` : "#/");
@@ -855,6 +881,10 @@ async function route() {
   const parts = (path || "/").split("/").filter(Boolean).map(decodeURIComponent);
   if (eventsAbort && parts[0] !== "events") { eventsAbort.abort(); eventsAbort = null; }
   if (!session.token) { who = null; await setupHeader(); return pageSignin(); }
+  // The skills list (the landing page) is asked for while the token is checked, not after.
+  const listing = !parts[0] && session.workspace ? session.workspace : null;
+  const early = listing ? api("GET", ws("skills")) : null;
+  if (early) early.catch(() => {}); // its failure is shown by the page, or moot
   if (!who) {
     try { who = await api("GET", "/v1/whoami"); } catch (e) { if (e.status === 401) return; render(errorBox(e)); return; }
     if (who.workspace) session.setWorkspace(who.workspace);
@@ -872,7 +902,7 @@ async function route() {
   if (parts[0] === "runs") return pageRuns();
   if (parts[0] === "events") return pageEvents();
   if (parts[0] === "admin") return pageAdmin();
-  return pageSkills(params);
+  return pageSkills(params, listing === session.workspace ? early : null);
 }
 
 $("#sign-out").addEventListener("click", () => signOut());

@@ -10,11 +10,12 @@
 //!   stands alone: a tool call carries `run_id` (as `activate_skill` answered), and a call
 //!   without one gets a fresh run.
 //!
-//! Every tool speaks the HTTP API through the client's [`Client`], so the pins, the checks and
-//! the errors are the server's own; an error is a tool error whose text starts with the SPEC
-//! code and whose structured content is the error envelope.
+//! Every tool speaks the HTTP API through the client's [`Client`] (inside the server: through
+//! its router, in-process), so the pins, the checks and the errors are the server's own; an
+//! error is a tool error whose text starts with the SPEC code and whose structured content is
+//! the error envelope.
 
-use super::{Client, Conn, ServerError};
+use super::{Client, Conn, LocalApi, ServerError};
 use axum::response::IntoResponse;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -155,9 +156,11 @@ impl Drop for Opened {
 /// Where sessions come from: stdio opens its one session before serving; the HTTP endpoint
 /// opens one per `initialize` (or per stateless request) from the request.
 struct HttpOrigin {
-    /// This server's own API, which the sessions' tools call.
+    /// This server's own API, which the sessions' tools call: in-process through `local` once
+    /// the router is set, else over HTTP at `base_url`.
     base_url: String,
     http: reqwest::Client,
+    local: LocalApi,
     /// Whether the server has a box (its sessions list `run_command` then).
     box_available: bool,
 }
@@ -577,6 +580,7 @@ impl HttpOrigin {
         };
         let client = Arc::new(Client {
             http: self.http.clone(),
+            local: Some(self.local.clone()),
             conn: Conn {
                 url: self.base_url.clone(),
                 token: Some(token.to_string()),
@@ -972,10 +976,12 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The Streamable HTTP endpoint's service (mounted at `/v1/workspaces/{ws}/mcp` behind the
-/// route's access check): sessions whose tools call this server's API at `base_url`. An idle
-/// session ends with its run's lease.
+/// route's access check): sessions whose tools call this server's API — through `local` (the
+/// server's router, in-process) once it is set, else at `base_url`. An idle session ends with
+/// its run's lease.
 pub fn http_service(
     base_url: String,
+    local: LocalApi,
     box_available: bool,
 ) -> anyhow::Result<
     rmcp::transport::StreamableHttpService<
@@ -987,13 +993,19 @@ pub fn http_service(
     let origin = Arc::new(HttpOrigin {
         base_url,
         http: reqwest::Client::builder().build()?,
+        local,
         box_available,
     });
     let mut sessions = LocalSessionManager::default();
     sessions.session_config.keep_alive = Some(std::time::Duration::from_secs(DEFAULT_TTL_SECONDS));
     // The endpoint is authenticated by bearer token, which a DNS-rebinding page cannot send:
     // any Host may reach it (a public deployment names its own).
-    let config = rmcp::transport::StreamableHttpServerConfig::default().disable_allowed_hosts();
+    // No priming event before each answer: it exists to resume a broken stream from an event
+    // store, which this server does not keep (a session's notifications are re-derived from
+    // the workspace's event log), and it cost every tool call an extra SSE frame.
+    let config = rmcp::transport::StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_sse_retry(None);
     Ok(rmcp::transport::StreamableHttpService::new(
         move || Ok(Session::new(None, Some(origin.clone()))),
         Arc::new(sessions),

@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use skillbox_api::{ErrorBody, ErrorCode, ErrorEnvelope};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(clap::Args, Clone)]
 pub struct Conn {
@@ -171,6 +172,42 @@ impl std::error::Error for ServerError {}
 struct Client {
     http: reqwest::Client,
     conn: Conn,
+    /// Set inside the server (its MCP endpoint's sessions): requests go to the server's own
+    /// router in-process — the same routes, access checks and limits, without a socket.
+    local: Option<LocalApi>,
+}
+
+/// The server's router, for clients running inside it; set once the router is built (the
+/// router holds the MCP endpoint, whose sessions hold this).
+#[derive(Clone, Default)]
+pub struct LocalApi(Arc<std::sync::OnceLock<axum::Router>>);
+
+impl LocalApi {
+    /// Routes this client's requests to `router` from now on.
+    pub fn set(&self, router: axum::Router) {
+        let _ = self.0.set(router);
+    }
+
+    /// The router, once set.
+    fn router(&self) -> Option<axum::Router> {
+        self.0.get().cloned()
+    }
+}
+
+/// `request` answered by `router` in-process, as if it had come over HTTP. The answer's body
+/// streams (an event stream stays open).
+async fn answer_locally(
+    router: axum::Router,
+    request: reqwest::Request,
+) -> anyhow::Result<reqwest::Response> {
+    use tower::ServiceExt;
+    let request = axum::http::Request::<reqwest::Body>::try_from(request)?;
+    let answer = match router.oneshot(request.map(axum::body::Body::new)).await {
+        Ok(answer) => answer,
+        Err(never) => match never {},
+    };
+    let answer = answer.map(|b| reqwest::Body::wrap_stream(b.into_data_stream()));
+    Ok(reqwest::Response::from(answer))
 }
 
 impl Client {
@@ -178,6 +215,7 @@ impl Client {
         Ok(Client {
             http: reqwest::Client::builder().build()?,
             conn,
+            local: None,
         })
     }
 
@@ -205,12 +243,15 @@ impl Client {
 
     /// Sends a request; a non-2xx answer is a [`ServerError`] with the server's error body.
     async fn send(&self, rb: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
-        let resp = rb.send().await.with_context(|| {
-            format!(
-                "cannot reach the server at {} (is `skillbox serve` running?)",
-                self.conn.url
-            )
-        })?;
+        let resp = match self.local.as_ref().and_then(LocalApi::router) {
+            Some(router) => answer_locally(router, rb.build()?).await?,
+            None => rb.send().await.with_context(|| {
+                format!(
+                    "cannot reach the server at {} (is `skillbox serve` running?)",
+                    self.conn.url
+                )
+            })?,
+        };
         if resp.status().is_success() {
             return Ok(resp);
         }

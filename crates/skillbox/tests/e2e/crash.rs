@@ -201,8 +201,8 @@ async fn kill9_during_activations_loses_no_acknowledged_pin() {
     let c = http();
     let mut digests = std::collections::HashMap::new();
     let mut runs: Vec<String> = Vec::new();
-    // (run, skill) -> (revision, digest), as acknowledged.
-    let acked: Arc<Mutex<Vec<(String, String, i64, String)>>> = Arc::default();
+    // (run, skill, revision, digest), as acknowledged.
+    let acked: Arc<Mutex<Vec<AckedPin>>> = Arc::default();
     let mut killed_in_flight = 0;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for round in 0..ROUNDS {
@@ -215,7 +215,8 @@ async fn kill9_during_activations_loses_no_acknowledged_pin() {
                 digests.insert(name, v["digest"].as_str().unwrap().to_string());
             }
         }
-        verify_pins(&c, &s, &runs, &acked.lock().unwrap().clone(), &digests).await;
+        let acked_so_far = acked.lock().unwrap().clone();
+        verify_pins(&c, &s, &runs, &acked_so_far, &digests).await;
         let mut round_runs = Vec::new();
         for _ in 0..16 {
             let r = c
@@ -297,12 +298,15 @@ async fn kill9_during_activations_loses_no_acknowledged_pin() {
     );
 }
 
+/// An acknowledged activation: (run, skill, revision, digest).
+type AckedPin = (String, String, i64, String);
+
 /// Every acknowledged pin is present as acknowledged; every pin present is whole.
 async fn verify_pins(
     c: &reqwest::Client,
     s: &Server,
     runs: &[String],
-    acked: &[(String, String, i64, String)],
+    acked: &[AckedPin],
     digests: &std::collections::HashMap<String, String>,
 ) {
     let mut present = std::collections::HashMap::new();
