@@ -166,7 +166,7 @@ impl Registry {
                     requested_revision: req,
                 });
             }
-            let answer = self.answer_activation(skill, &cached, true).await?;
+            let answer = self.answer_activation(skill, &cached).await?;
             if cached.expires_at - now < cached.ttl_ms / 2 {
                 self.touch_lease(run_id, cached.ttl_ms, cached.expires_at)
                     .await?;
@@ -181,14 +181,21 @@ impl Registry {
             .pin(workspace, run_id, skill, requested, now)
             .await?;
         let d: Digest = pin.digest.parse().map_err(RegistryError::internal)?;
-        let manifest = self.manifest(&d).await.map_err(|e| {
-            unavailable(
-                skill,
-                &pin.skill_id,
-                pin.revision,
-                format!("its manifest cannot be loaded ({e})"),
-            )
-        })?;
+        let manifest = if written {
+            // Its revision was available as the pin committed.
+            self.manifest(&d).await.map_err(|e| {
+                let reason = format!("its manifest cannot be loaded ({e})");
+                unavailable(skill, &pin.skill_id, pin.revision, reason)
+            })?
+        } else {
+            // An existing pin's revision may have been revoked or collected since: its state
+            // first, then its content.
+            let (row, manifest, _) = self
+                .pinned_content(skill, &pin.skill_id, pin.revision, &pin.digest)
+                .await?;
+            self.frontmatters.insert(d, row.frontmatter);
+            manifest
+        };
         let cached = Arc::new(CachedPin {
             skill_id: pin.skill_id,
             revision: pin.revision,
@@ -197,25 +204,19 @@ impl Registry {
             ttl_ms: pin.ttl_ms,
             manifest,
         });
-        // An existing pin's revision may have been revoked since: its state is read.
-        let answer = self.answer_activation(skill, &cached, written).await?;
+        let answer = self.answer_activation(skill, &cached).await?;
         self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
         self.pin_cache.put(key, generation, cached);
         Ok(answer)
     }
 
-    /// The answer to an activation of `pin`. Its instructions, manifest and frontmatter are
-    /// what its digest determines, from memory when known; `checked` says the revision's state
-    /// was just checked (a pin written now, or cached as available), so no row is read for it.
-    async fn answer_activation(
-        &self,
-        skill: &str,
-        pin: &CachedPin,
-        checked: bool,
-    ) -> Result<Activation> {
+    /// The answer to an activation of `pin`, whose revision's state was just checked (a pin
+    /// written now, one whose state was read, or one cached as available). Its instructions,
+    /// manifest and frontmatter are what its digest determines: from memory when known.
+    async fn answer_activation(&self, skill: &str, pin: &CachedPin) -> Result<Activation> {
         let digest = pin.digest.to_string();
         let (frontmatter, instructions) = match self.frontmatters.get(&pin.digest) {
-            Some(frontmatter) if checked => {
+            Some(frontmatter) => {
                 let instructions = self.instructions(&pin.digest, &pin.manifest).await;
                 let instructions = instructions.map_err(|e| {
                     let reason = format!("its SKILL.md cannot be read ({e})");
@@ -223,7 +224,7 @@ impl Registry {
                 })?;
                 (frontmatter, instructions)
             }
-            _ => {
+            None => {
                 let (row, _, instructions) = self
                     .pinned_content(skill, &pin.skill_id, pin.revision, &digest)
                     .await?;

@@ -421,6 +421,9 @@ async fn a_change_through_one_server_reaches_every_server_within_a_second(storag
             .unwrap(),
         through_a
     );
+    // B re-activates it from its own pin cache from now on.
+    b.activate(WS, &run.run_id, "demo", None).await.unwrap();
+    b.activate(WS, &run.run_id, "demo", None).await.unwrap();
     // B serves it again (from its pin cache where it has one); a revocation through A stops
     // B's reads within a second.
     pinned_bytes(&b, &run.run_id, "demo", "SKILL.md")
@@ -444,6 +447,15 @@ async fn a_change_through_one_server_reaches_every_server_within_a_second(storag
     })
     .await;
     assert!(stopped, "B still serves a revision revoked through A");
+    // … and B's re-activations of it, answered from that cache a moment ago.
+    let refused = holds_within(Duration::from_secs(1), || async {
+        matches!(
+            b.activate(WS, &run.run_id, "demo", None).await,
+            Err(RegistryError::RevisionRevoked(_))
+        )
+    })
+    .await;
+    assert!(refused, "B still re-activates a revision revoked through A");
     // A finish through A stops B's reads of another run within a second.
     // (Revoking the current revision moved the pointer off it.)
     let current = a.skill(WS, "demo").await.unwrap().current_revision;
@@ -456,14 +468,16 @@ async fn a_change_through_one_server_reaches_every_server_within_a_second(storag
     pinned_bytes(&b, &other.run_id, "demo", "SKILL.md")
         .await
         .unwrap();
+    b.activate(WS, &other.run_id, "demo", None).await.unwrap();
     a.finish_run(WS, &other.run_id).await.unwrap();
     let stopped = holds_within(Duration::from_secs(1), || async {
         b.pinned_file(WS, &other.run_id, "demo", "SKILL.md")
             .await
             .is_err()
+            && b.activate(WS, &other.run_id, "demo", None).await.is_err()
     })
     .await;
-    assert!(stopped, "B still serves a run finished through A");
+    assert!(stopped, "B still serves or re-activates a run finished through A");
     // On PostgreSQL the database tells B of A's events (SQLite followers poll).
     if storage != Storage::Embedded {
         let mut changes = b.subscribe();
