@@ -477,7 +477,10 @@ async fn a_change_through_one_server_reaches_every_server_within_a_second(storag
             && b.activate(WS, &other.run_id, "demo", None).await.is_err()
     })
     .await;
-    assert!(stopped, "B still serves or re-activates a run finished through A");
+    assert!(
+        stopped,
+        "B still serves or re-activates a run finished through A"
+    );
     // On PostgreSQL the database tells B of A's events (SQLite followers poll).
     if storage != Storage::Embedded {
         let mut changes = b.subscribe();

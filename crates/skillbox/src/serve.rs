@@ -233,7 +233,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let limits = state.cfg.connections;
         let app = skillbox_server::router_with(state, mounted);
         local_api.set(app.clone());
-        skillbox_server::serve(listener, app, limits, shutdown_signal()).await?;
+        let served = skillbox_server::serve(listener, app, limits, shutdown_signal()).await;
+        local_api.clear();
+        served?;
         tracing::info!("stopped");
         Ok(ExitCode::SUCCESS)
     })

@@ -177,20 +177,30 @@ struct Client {
     local: Option<LocalApi>,
 }
 
-/// The server's router, for clients running inside it; set once the router is built (the
-/// router holds the MCP endpoint, whose sessions hold this).
+/// The server's router, for clients running inside it: set once the router is built, and
+/// cleared when the server stops (the router holds the MCP endpoint, whose sessions hold this:
+/// clearing it lets the server's state go).
 #[derive(Clone, Default)]
-pub struct LocalApi(Arc<std::sync::OnceLock<axum::Router>>);
+pub struct LocalApi(Arc<std::sync::RwLock<Option<axum::Router>>>);
 
 impl LocalApi {
     /// Routes this client's requests to `router` from now on.
     pub fn set(&self, router: axum::Router) {
-        let _ = self.0.set(router);
+        if let Ok(mut slot) = self.0.write() {
+            *slot = Some(router);
+        }
     }
 
-    /// The router, once set.
+    /// Forgets the router (the server stopped).
+    pub fn clear(&self) {
+        if let Ok(mut slot) = self.0.write() {
+            *slot = None;
+        }
+    }
+
+    /// The router, while set.
     fn router(&self) -> Option<axum::Router> {
-        self.0.get().cloned()
+        self.0.read().ok()?.clone()
     }
 }
 
