@@ -9,7 +9,7 @@
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
-use crate::meta::{PinRef, RevisionState, RunState, run_state_error};
+use crate::meta::{PinRef, RevisionState, RunState, check_requested, run_state_error};
 use crate::meta::{new_id, now_ms};
 use crate::reads::FileContent;
 use skillbox_api::{Activation, Pin, RunView};
@@ -159,13 +159,7 @@ impl Registry {
         // Re-activation is the common case: a cached pin (live run, available revision as of
         // the cache's generation) answers it without the database.
         if let Some(cached) = self.pin_cache.get(&key).filter(|p| p.expires_at > now) {
-            if let Some(req) = requested.filter(|r| *r != cached.revision) {
-                return Err(RegistryError::ActivationConflict {
-                    skill: skill.to_string(),
-                    pinned_revision: cached.revision,
-                    requested_revision: req,
-                });
-            }
+            check_requested(skill, cached.revision, requested)?;
             let answer = self.answer_activation(skill, &cached).await?;
             if cached.expires_at - now < cached.ttl_ms / 2 {
                 self.touch_lease(run_id, cached.ttl_ms, cached.expires_at)

@@ -41,8 +41,8 @@ mod tokens;
 pub use drafts::DraftRow;
 pub use nodes::NodeRow;
 pub use revisions::{Collectable, CommitOutcome, ContentSweep, NewRevision, Revocation};
-pub(crate) use runs::run_state_error;
 pub use runs::{LivePin, PinRef, PinnedRevision, RunRecord, RunRow};
+pub(crate) use runs::{check_requested, run_state_error};
 
 use crate::error::{RegistryError, Result};
 use serde::Serialize;

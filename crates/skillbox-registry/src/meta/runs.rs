@@ -92,6 +92,19 @@ async fn run_row(tx: &mut Tx, workspace: &str, id: &str) -> Result<Option<RunRow
     .transpose()
 }
 
+/// `activation_conflict` when `requested` names a revision other than the one `skill` is
+/// pinned to in the run.
+pub(crate) fn check_requested(skill: &str, pinned: i64, requested: Option<i64>) -> Result<()> {
+    match requested.filter(|r| *r != pinned) {
+        Some(req) => Err(RegistryError::ActivationConflict {
+            skill: skill.to_string(),
+            pinned_revision: pinned,
+            requested_revision: req,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A run that is not active: `not_found` saying so.
 pub(crate) fn run_state_error(id: &str, state: RunState) -> RegistryError {
     RegistryError::NotFound(format!("run {id} is {state}; create a new run"))
@@ -236,13 +249,7 @@ impl MetaStore {
         }
         // Without the group commit (PostgreSQL), an existing pin is a read: no transaction.
         if let Some(pin) = self.live_pin(workspace, run_id, skill, now).await? {
-            if let Some(req) = requested.filter(|r| *r != pin.revision) {
-                return Err(RegistryError::ActivationConflict {
-                    skill: skill.to_string(),
-                    pinned_revision: pin.revision,
-                    requested_revision: req,
-                });
-            }
+            check_requested(skill, pin.revision, requested)?;
             return Ok((pin, false));
         }
         let mut tx = self.write_tx().await?;
@@ -461,9 +468,10 @@ impl PinWriter {
     ) -> Result<Vec<Result<(LivePin, bool)>>> {
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let mut answers = Vec::with_capacity(batch.len());
-        let mut fresh = write_common_pins(&mut tx, batch).await?;
+        let requests: Vec<&PinRequest> = batch.iter().map(|(r, _)| r).collect();
+        let mut fresh = pin_common(&mut tx, Dialect::Sqlite, &requests).await?;
         let mut written = fresh.len() as u64;
-        for (request, _) in batch {
+        for request in requests {
             if let Some(pin) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
                 answers.push(Ok((pin, true)));
                 continue;
@@ -471,7 +479,7 @@ impl PinWriter {
             // The rest one by one. An answer that is an error wrote nothing (every check
             // precedes the writes), so the batch goes on; a database error ends it (dropping
             // `tx` rolls back).
-            match pin_in(&mut tx, Dialect::Sqlite, request).await {
+            match pin_the_long_way(&mut tx, request).await {
                 Ok((pin, wrote)) => {
                     written += u64::from(wrote);
                     answers.push(Ok((pin, wrote)));
@@ -498,20 +506,28 @@ impl PinWriter {
     }
 }
 
-/// The common case of a batch in three statements, whatever its size: every request for a
-/// live run, an authorized active skill and an available revision, not pinned yet, is pinned
-/// by one `INSERT … SELECT` over the batch; one `UPDATE` renews those runs' leases that have
-/// less than half left, and one `SELECT` reads them. Returns those pins by (run, skill name);
-/// the other requests (and repeats of a pair within the batch) are left for [`pin_in`], which
-/// says why they differ. SQLite only (the writer's lock is held).
-async fn write_common_pins(
+/// The common case of pinning in three statements, however many requests: every request for
+/// a live run, an authorized active skill and an available revision, not pinned yet, is pinned
+/// by one `INSERT … SELECT` over the requests; one `UPDATE` renews those runs' leases that have
+/// less than half left (as any activity renews a lease: a renewal dirties the run's page, and
+/// most activations come early in their run's lease), and one `SELECT` reads them. Returns
+/// those pins by (run, skill name); the other requests (and repeats of a pair) are left for
+/// [`pin_the_long_way`], which says why they differ.
+///
+/// SQLite's write lock (held since BEGIN IMMEDIATE) orders this with collection and
+/// revocation; on PostgreSQL the revision rows are share-locked (`FOR SHARE`), which orders it
+/// with their updates of those rows as the long way's lock does, while activations of one
+/// revision do not wait for each other. A pin committed meanwhile by another transaction is no
+/// conflict: nothing is written, and the long way finds that pin.
+async fn pin_common(
     tx: &mut Tx,
-    batch: &[(PinRequest, PinReply)],
+    dialect: Dialect,
+    requests: &[&PinRequest],
 ) -> Result<HashMap<(String, String), LivePin>> {
     let mut firsts = std::collections::HashSet::new();
-    let requests: Vec<&PinRequest> = batch
+    let requests: Vec<&PinRequest> = requests
         .iter()
-        .map(|(r, _)| r)
+        .copied()
         .filter(|r| firsts.insert((r.run_id.as_str(), r.skill.as_str())))
         .collect();
     let mut pins = HashMap::new();
@@ -532,6 +548,10 @@ async fn write_common_pins(
         })
         .collect::<Vec<_>>()
         .join(", ");
+    let lock = match dialect {
+        Dialect::Sqlite => "",
+        Dialect::Postgres => "FOR SHARE OF v",
+    };
     let sql = format!(
         "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values})
          INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
@@ -544,6 +564,8 @@ async fn write_common_pins(
          JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
              AND v.revision = COALESCE(req.requested, s.current_revision)
          WHERE NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
+         {lock}
+         ON CONFLICT (run_id, skill_id) DO NOTHING
          RETURNING run_id, skill_name, skill_id, revision, digest"
     );
     let mut insert = sqlx::query(AssertSqlSafe(sql));
@@ -559,9 +581,7 @@ async fn write_common_pins(
     if rows.is_empty() {
         return Ok(pins);
     }
-    // Each run's lease from its latest request, renewed only once less than half of it is
-    // left (as any activity renews it): a renewal dirties the run's page, and most
-    // activations come early in their run's lease.
+    // Each run's lease from its latest request.
     let mut runs: HashMap<&str, i64> = HashMap::new();
     for r in &requests {
         let now = runs.entry(r.run_id.as_str()).or_insert(r.now);
@@ -623,6 +643,17 @@ async fn write_common_pins(
 /// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
 /// found before anything is written.
 async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(LivePin, bool)> {
+    let written = pin_common(tx, dialect, &[request]).await?;
+    match written.into_values().next() {
+        Some(pin) => Ok((pin, true)),
+        None => pin_the_long_way(tx, request).await,
+    }
+}
+
+/// A request that is not the common case of [`pin_common`], inside `tx`: its existing pin, or
+/// why it cannot be pinned, or (a case the common one does not cover) a pin written now.
+/// Every error is found before anything is written.
+async fn pin_the_long_way(tx: &mut Tx, request: &PinRequest) -> Result<(LivePin, bool)> {
     let PinRequest {
         workspace,
         run_id,
@@ -631,62 +662,6 @@ async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(
         now,
     } = request;
     let (requested, now) = (*requested, *now);
-    // The common case in one statement: a live run, an authorized, active skill, an available
-    // revision, no pin yet; anything else takes the long way below, which says why. SQLite's
-    // write lock (held since BEGIN IMMEDIATE) orders it with collection and revocation; on
-    // PostgreSQL the revision row is share-locked (`FOR SHARE`), which orders it with their
-    // updates of that row as the long way's lock does, while activations of one revision do
-    // not wait for each other. A pin committed meanwhile by another transaction is no
-    // conflict: nothing is written, and the long way finds that pin.
-    let lock = match dialect {
-        Dialect::Sqlite => "",
-        Dialect::Postgres => "FOR SHARE OF v",
-    };
-    let insert = format!(
-        "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
-         SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, $5
-         FROM runs r
-         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = $3
-         JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
-         JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
-             AND v.revision = COALESCE($4, s.current_revision)
-         WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $5
-             AND NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
-         {lock}
-         ON CONFLICT (run_id, skill_id) DO NOTHING
-         RETURNING skill_id, revision, digest"
-    );
-    let written = sqlx::query(AssertSqlSafe(insert))
-        .bind(run_id.as_str())
-        .bind(workspace.as_str())
-        .bind(skill.as_str())
-        .bind(requested)
-        .bind(now)
-        .fetch_optional(&mut **tx)
-        .await?;
-    if let Some(row) = written {
-        let (skill_id, revision, digest): (String, i64, String) =
-            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        // The lease as any activity renews it: once less than half of it is left.
-        execute!(
-            &mut **tx,
-            "UPDATE runs SET expires_at = $2 + ttl_ms WHERE id = $1 AND expires_at - $2 < ttl_ms / 2",
-            run_id.as_str(),
-            now
-        );
-        let lease = sqlx::query("SELECT ttl_ms, expires_at FROM runs WHERE id = $1")
-            .bind(run_id.as_str())
-            .fetch_one(&mut **tx)
-            .await?;
-        let pin = LivePin {
-            skill_id,
-            revision,
-            digest,
-            ttl_ms: lease.try_get(0)?,
-            expires_at: lease.try_get(1)?,
-        };
-        return Ok((pin, true));
-    }
     let run = run_row(tx, workspace, run_id).await?.ok_or_else(|| {
         RegistryError::NotFound(format!("no run {run_id:?} in workspace {workspace:?}"))
     })?;
@@ -715,13 +690,7 @@ async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(
             .await?;
     if let Some(pin) = existing {
         let (revision, digest): (i64, String) = (pin.try_get(0)?, pin.try_get(1)?);
-        if let Some(req) = requested.filter(|r| *r != revision) {
-            return Err(RegistryError::ActivationConflict {
-                skill: skill.to_string(),
-                pinned_revision: revision,
-                requested_revision: req,
-            });
-        }
+        check_requested(skill, revision, requested)?;
         let pin = LivePin {
             skill_id,
             revision,
