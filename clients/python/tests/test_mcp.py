@@ -169,6 +169,8 @@ def rpc(http, url, token, method, params, session_id=None, id=1):
     if session_id:
         headers["Mcp-Session-Id"] = session_id
     r = http.post(url, headers=headers, json={"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+    if r.headers.get("content-type", "").startswith("application/json") and r.status_code == 200:
+        return r, r.json()  # one JSON answer instead of an SSE stream
     message = None
     for line in r.text.splitlines():
         if line.startswith("data:") and line[5:].strip():
@@ -204,6 +206,10 @@ def test_http_sessions_are_bound_to_their_token(server, workspace, tmp_path):
         _, m = rpc(http, url, reader, "tools/call", {"name": "activate_skill", "arguments": {"name": "hello"}},
                    session, id=3)
         assert "error" in m and "another token" in m["error"]["message"], m
+        _, m = rpc(http, url, reader, "tools/call", {"name": "read_skill_file",
+                                                     "arguments": {"name": "hello", "path": "SKILL.md"}},
+                   session, id=4)
+        assert "error" in m and "another token" in m["error"]["message"], m
         r = http.delete(url, headers={"Authorization": f"Bearer {runner}", "Mcp-Session-Id": session,
                                       "MCP-Protocol-Version": "2025-06-18"})
         assert r.status_code == 204, r.text
@@ -236,3 +242,41 @@ async def test_stateless_calls_carry_their_run(server, workspace, tmp_path):
         fresh = await client.call_tool("activate_skill", {"name": "hello"})
         assert fresh.structured_content["revision"] == 2 and fresh.structured_content["run_id"] != run_id
     assert c.run(run_id).state()["state"] == "active"  # a stateless run lives by its lease
+
+
+def test_an_http_session_lives_while_used_and_ends_with_its_lease(server, workspace, tmp_path):
+    """`?ttl_seconds=N` is the lease of the session's run: calls keep the session and its run
+    alive past it (file reads too, which the endpoint answers as one JSON message each), and a
+    session idle for a whole lease ends — its id is unknown (404) and its run is over."""
+    import httpx
+    c = sb.Client(server.url, ADMIN, workspace=workspace)
+    c.publish("hello", skill_dir(str(tmp_path / "h"), "hello", "v1"))
+    url = mcp_url(server, workspace) + "?ttl_seconds=3"
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    read = {"name": "read_skill_file", "arguments": {"name": "hello", "path": "scripts/run.sh"}}
+    with httpx.Client(timeout=30) as http:
+        r, _ = rpc(http, url, ADMIN, "initialize", init)
+        session = r.headers["mcp-session-id"]
+        rpc(http, url, ADMIN, "notifications/initialized", {}, session)
+        _, m = rpc(http, url, ADMIN, "tools/call", {"name": "activate_skill", "arguments": {"name": "hello"}},
+                   session, id=2)
+        run_id = m["result"]["structuredContent"]["run_id"]
+        assert c.run(run_id).state()["ttl_seconds"] == 3
+        started = time.monotonic()
+        i = 10
+        while time.monotonic() - started < 7:  # more than two leases
+            r, m = rpc(http, url, ADMIN, "tools/call", read, session, id=i)
+            assert r.headers["content-type"].startswith("application/json"), r.headers
+            assert m["id"] == i and not m["result"].get("isError"), m
+            assert m["result"]["structuredContent"] == {"name": "hello", "path": "scripts/run.sh",
+                                                         "text": '#!/bin/sh\necho "v1"\n'}, m
+            assert m["result"]["content"][0]["type"] == "text", m
+            i += 1
+            time.sleep(0.3)
+        assert c.run(run_id).state()["state"] == "active"
+        _, m = rpc(http, url, ADMIN, "tools/list", {}, session, id=3)
+        assert "read_skill_file" in {t["name"] for t in m["result"]["tools"]}, m
+        time.sleep(5)  # idle: a whole lease and the endpoint's check
+        r, _ = rpc(http, url, ADMIN, "tools/call", read, session, id=4)
+        assert r.status_code == 404, (r.status_code, r.text)
+    assert eventually_finished(c, run_id) != "active"

@@ -529,3 +529,39 @@ async fn one_collection_at_a_time_and_each_lapsed_lease_expired_once(storage: St
     }
 }
 storage_test!(one_collection_at_a_time_and_each_lapsed_lease_expired_once);
+
+/// On PostgreSQL a statement that changes runs' states tells every server to drop its cached
+/// pins. The lease sweep runs every few seconds on every server: one that finds nothing due
+/// must tell nobody, or no server's pin cache would live longer than the sweep's period.
+#[tokio::test]
+async fn a_sweep_with_no_lapsed_lease_tells_no_server_to_drop_its_pins() {
+    let (a, _dir) = open(Storage::Postgres).await;
+    publish(&a, "demo", 0, "v1").await.unwrap();
+    let live = a.create_run(WS, None, Some(600), false).await.unwrap();
+    a.activate(WS, &live.run_id, "demo", None).await.unwrap();
+    let lapsing = a.create_run(WS, None, Some(1), false).await.unwrap();
+    let url = a.config().database_url.clone().unwrap();
+    let mut heard = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+    heard.listen("skillbox_pins").await.unwrap();
+
+    assert_eq!(a.expire_runs().await.unwrap(), 0, "nothing is due yet");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        a.expire_runs().await.unwrap(),
+        1,
+        "{} lapsed",
+        lapsing.run_id
+    );
+
+    // Notifications arrive in commit order: a notice from the first sweep would come first.
+    let first = tokio::time::timeout(Duration::from_secs(10), heard.recv()).await;
+    assert!(
+        matches!(first, Ok(Ok(_))),
+        "the expiry was announced: {first:?}"
+    );
+    let second = tokio::time::timeout(Duration::from_millis(500), heard.recv()).await;
+    assert!(
+        second.is_err(),
+        "one sweep changed runs, one notice: {second:?}"
+    );
+}

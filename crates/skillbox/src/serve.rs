@@ -228,8 +228,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
             "/v1/workspaces/{ws}/mcp",
             skillbox_server::auth::Access::Workspace(skillbox_registry::Role::Reader),
             axum::routing::any_service(mcp),
-        )
-        .layer(axum::middleware::from_fn(crate::client::session_end_as_no_content));
+        );
         let limits = state.cfg.connections;
         let app = skillbox_server::router_with(state, mounted);
         local_api.set(app.clone());

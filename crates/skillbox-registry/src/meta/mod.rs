@@ -227,10 +227,7 @@ impl MetaStore {
             Dialect::Sqlite => opts.max_connections(1).connect(url).await?,
             Dialect::Postgres => pool.clone(),
         };
-        let pins = match dialect {
-            Dialect::Sqlite => runs::PinWriter::start(writer.clone()),
-            Dialect::Postgres => runs::PinWriter::default(),
-        };
+        let pins = runs::PinWriter::start(writer.clone(), dialect);
         let store = MetaStore {
             pool,
             writer,

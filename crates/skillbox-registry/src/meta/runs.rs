@@ -191,38 +191,11 @@ impl MetaStore {
         Ok(())
     }
 
-    /// The pin of `skill` in a live run.
-    async fn live_pin(
-        &self,
-        workspace: &str,
-        run_id: &str,
-        skill: &str,
-        now: i64,
-    ) -> Result<Option<LivePin>> {
-        let row = sqlx::query(
-            "SELECT p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at FROM runs r
-             JOIN pins p ON p.run_id = r.id AND p.skill_name = $3
-             WHERE r.id = $1 AND r.workspace = $2 AND r.state = 'active' AND r.expires_at > $4",
-        )
-        .bind(run_id)
-        .bind(workspace)
-        .bind(skill)
-        .bind(now)
-        .fetch_optional(self.pool())
-        .await?;
-        row.map(|r| {
-            Ok(from_row!(&r => LivePin {
-                skill_id, revision, digest, ttl_ms, expires_at
-            }))
-        })
-        .transpose()
-    }
-
     /// Pins `skill` in the run, once: its existing pin, else the requested (or current)
     /// revision, whose row is locked while the pin is written; renews the run's lease. Says
-    /// whether the pin was written now (then the revision was available as it committed). On
-    /// SQLite the pin goes through the group commit ([`PinWriter`]): answered once the batch
-    /// holding it is durable; an existing pin is found there too, by the write's own check.
+    /// whether the pin was written now (then the revision was available as it committed). The
+    /// pin goes through the group commit ([`PinWriter`]): answered once the batch holding it
+    /// is durable; an existing pin is found there too, by the write's own check.
     pub async fn pin(
         &self,
         workspace: &str,
@@ -247,16 +220,7 @@ impl MetaStore {
                 }
             }
         }
-        // Without the group commit (PostgreSQL), an existing pin is a read: no transaction.
-        if let Some(pin) = self.live_pin(workspace, run_id, skill, now).await? {
-            check_requested(skill, pin.revision, requested)?;
-            return Ok((pin, false));
-        }
-        let mut tx = self.write_tx().await?;
-        let (pin, wrote) = pin_in(&mut tx, self.dialect, &request).await?;
-        tx.commit().await?;
-        self.pins.stats.committed(u64::from(wrote));
-        Ok((pin, wrote))
+        PinWriter::write_alone(self.writer(), self.dialect, &request, &self.pins.stats).await
     }
 
     /// Durable commits that wrote pins, and pins written, since the store was opened.
@@ -347,6 +311,17 @@ impl MetaStore {
 
     /// Marks runs whose lease lapsed by `now` as `expired`; returns how many.
     pub async fn expire_runs(&self, now: i64) -> Result<u64> {
+        // On PostgreSQL every `UPDATE … state` statement tells all servers to drop their
+        // cached pins, even one that changed no row: the sweep, every few seconds, would
+        // empty every pin cache. A read first, so only a sweep with work writes.
+        let due =
+            sqlx::query("SELECT 1 FROM runs WHERE state = 'active' AND expires_at <= $1 LIMIT 1")
+                .bind(now)
+                .fetch_optional(self.pool())
+                .await?;
+        if due.is_none() {
+            return Ok(0);
+        }
         let r = execute!(
             self.writer(),
             "UPDATE runs SET state = 'expired', ended_at = expires_at WHERE state = 'active' AND expires_at <= $1",
@@ -408,11 +383,14 @@ impl PinStats {
     }
 }
 
-/// Group commit of new pins on SQLite, whose one writer makes every commit wait for its own
-/// WAL fsync: pins that arrive while a batch commits are written together in the next
-/// transaction — one commit, one fsync — and each caller is answered only after the commit of
-/// the batch holding its pin returned. PostgreSQL needs none of this (its sessions commit
-/// concurrently and the server shares WAL flushes among them): there pins commit alone.
+/// Group commit of pins: pins that arrive while a batch commits are written together in the
+/// next transaction — one commit, one WAL flush — and each caller is answered only after the
+/// commit of the batch holding its pin returned.
+///
+/// SQLite has one writer, and every commit waits for its own fsync: batches commit one after
+/// another. PostgreSQL commits sessions concurrently, but a transaction per pin still costs
+/// its round trips and its commit record: there a few batches are in flight at once (each on
+/// a connection of its own), so a batch waiting for its flush does not hold the next back.
 #[derive(Clone, Default)]
 pub(crate) struct PinWriter {
     queue: Option<tokio::sync::mpsc::UnboundedSender<(PinRequest, PinReply)>>,
@@ -423,53 +401,104 @@ impl PinWriter {
     /// The most pins one transaction writes: bounds how long the writer lock is held.
     const MAX_BATCH: usize = 512;
 
-    /// Starts the writer task on `writer` (SQLite's one-connection pool). The task ends
-    /// when the last store holding the queue is dropped.
-    pub(crate) fn start(writer: AnyPool) -> Self {
+    /// Starts the writer task on `writer` (SQLite's one-connection pool, or PostgreSQL's
+    /// pool). The task ends when the last store holding the queue is dropped.
+    pub(crate) fn start(writer: AnyPool, dialect: Dialect) -> Self {
         let (queue, requests) = tokio::sync::mpsc::unbounded_channel();
         let stats = Arc::<PinStats>::default();
-        tokio::spawn(Self::write_batches(writer, requests, stats.clone()));
+        tokio::spawn(Self::write_batches(
+            writer,
+            dialect,
+            requests,
+            stats.clone(),
+        ));
         PinWriter {
             queue: Some(queue),
             stats,
         }
     }
 
+    /// Batches in flight at once: SQLite's one writer takes one at a time.
+    fn in_flight(dialect: Dialect) -> usize {
+        match dialect {
+            Dialect::Sqlite => 1,
+            Dialect::Postgres => 4,
+        }
+    }
+
     async fn write_batches(
         writer: AnyPool,
+        dialect: Dialect,
         mut requests: tokio::sync::mpsc::UnboundedReceiver<(PinRequest, PinReply)>,
         stats: Arc<PinStats>,
     ) {
-        let mut batch = Vec::new();
-        while requests.recv_many(&mut batch, Self::MAX_BATCH).await > 0 {
-            let answers = match Self::write_together(&writer, &batch, &stats).await {
-                Ok(answers) => answers,
-                // A database error anywhere rolled the whole batch back: each pin again in a
-                // transaction of its own, so each gets its own answer.
-                Err(_) => {
-                    let mut answers = Vec::with_capacity(batch.len());
-                    for (request, _) in &batch {
-                        answers.push(Self::write_alone(&writer, request, &stats).await);
-                    }
-                    answers
-                }
+        let slots = Arc::new(tokio::sync::Semaphore::new(Self::in_flight(dialect)));
+        loop {
+            // A slot first, then the requests: those arriving while every slot is busy
+            // gather into the next batch.
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
             };
-            for ((_, reply), answer) in batch.drain(..).zip(answers) {
-                // The caller may have gone (its request was cancelled): the pin stays.
-                let _ = reply.send(answer);
+            let mut batch = Vec::new();
+            if requests.recv_many(&mut batch, Self::MAX_BATCH).await == 0 {
+                return;
+            }
+            let (writer, stats) = (writer.clone(), stats.clone());
+            let write = async move {
+                Self::write_and_answer(&writer, dialect, batch, &stats).await;
+                drop(slot);
+            };
+            if dialect == Dialect::Sqlite {
+                write.await;
+            } else {
+                tokio::spawn(write);
             }
         }
     }
 
+    /// Writes a batch and answers each of its callers.
+    async fn write_and_answer(
+        writer: &AnyPool,
+        dialect: Dialect,
+        batch: Vec<(PinRequest, PinReply)>,
+        stats: &PinStats,
+    ) {
+        let answers = match Self::write_together(writer, dialect, &batch, stats).await {
+            Ok(answers) => answers,
+            // A database error anywhere (on PostgreSQL also a deadlock with a concurrent batch)
+            // rolled the whole batch back: each pin again in a transaction of its own, so each
+            // gets its own answer.
+            Err(_) => {
+                let mut answers = Vec::with_capacity(batch.len());
+                for (request, _) in &batch {
+                    answers.push(Self::write_alone(writer, dialect, request, stats).await);
+                }
+                answers
+            }
+        };
+        for ((_, reply), answer) in batch.into_iter().zip(answers) {
+            // The caller may have gone (its request was cancelled): the pin stays.
+            let _ = reply.send(answer);
+        }
+    }
+
+    async fn begin(writer: &AnyPool, dialect: Dialect) -> Result<Tx> {
+        Ok(match dialect {
+            Dialect::Sqlite => writer.begin_with("BEGIN IMMEDIATE").await?,
+            Dialect::Postgres => writer.begin().await?,
+        })
+    }
+
     async fn write_together(
         writer: &AnyPool,
+        dialect: Dialect,
         batch: &[(PinRequest, PinReply)],
         stats: &PinStats,
     ) -> Result<Vec<Result<(LivePin, bool)>>> {
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = Self::begin(writer, dialect).await?;
         let mut answers = Vec::with_capacity(batch.len());
         let requests: Vec<&PinRequest> = batch.iter().map(|(r, _)| r).collect();
-        let mut fresh = pin_common(&mut tx, Dialect::Sqlite, &requests).await?;
+        let mut fresh = pin_common(&mut tx, dialect, &requests).await?;
         let mut written = fresh.len() as u64;
         for request in requests {
             if let Some(pin) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
@@ -495,11 +524,12 @@ impl PinWriter {
 
     async fn write_alone(
         writer: &AnyPool,
+        dialect: Dialect,
         request: &PinRequest,
         stats: &PinStats,
     ) -> Result<(LivePin, bool)> {
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        let (pin, wrote) = pin_in(&mut tx, Dialect::Sqlite, request).await?;
+        let mut tx = Self::begin(writer, dialect).await?;
+        let (pin, wrote) = pin_in(&mut tx, dialect, request).await?;
         tx.commit().await?;
         stats.committed(u64::from(wrote));
         Ok((pin, wrote))
@@ -581,8 +611,9 @@ async fn pin_common(
     if rows.is_empty() {
         return Ok(pins);
     }
-    // Each run's lease from its latest request.
-    let mut runs: HashMap<&str, i64> = HashMap::new();
+    // Each run's lease from its latest request; in the runs' order, so concurrent batches
+    // (PostgreSQL) lock the runs they renew in one order.
+    let mut runs: std::collections::BTreeMap<&str, i64> = Default::default();
     for r in &requests {
         let now = runs.entry(r.run_id.as_str()).or_insert(r.now);
         *now = (*now).max(r.now);
@@ -816,11 +847,33 @@ mod tests {
     /// finished run, a revoked revision): each request gets its own answer, and the batch is
     /// one commit that wrote exactly the new pins.
     #[tokio::test]
-    async fn a_batch_writes_its_common_pins_together_and_answers_each_request() {
+    async fn a_batch_writes_its_common_pins_together_and_answers_each_request_sqlite() {
         let dir = tempfile::tempdir().unwrap();
-        let r = Registry::open(RegistryConfig::new(dir.path()))
+        a_batch_answers_each_request(RegistryConfig::new(dir.path())).await;
+    }
+
+    #[tokio::test]
+    async fn a_batch_writes_its_common_pins_together_and_answers_each_request_postgres() {
+        use sqlx::Connection;
+        let server = std::env::var("SKILLBOX_TEST_POSTGRES").expect(
+            "SKILLBOX_TEST_POSTGRES must name a PostgreSQL server; scripts/test starts one",
+        );
+        sqlx::any::install_default_drivers();
+        let mut admin = sqlx::AnyConnection::connect(&server).await.unwrap();
+        let name = format!("skillbox_unit_batch_{}_{}", std::process::id(), now_ms());
+        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
             .await
             .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = RegistryConfig::new(dir.path());
+        let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+        cfg.database_url = Some(format!("{base}/{name}"));
+        a_batch_answers_each_request(cfg).await;
+    }
+
+    async fn a_batch_answers_each_request(cfg: RegistryConfig) {
+        let r = Registry::open(cfg).await.unwrap();
         publish(&r, "a", 0).await;
         publish(&r, "a", 1).await;
         publish(&r, "b", 0).await;
@@ -849,7 +902,7 @@ mod tests {
             request(&with_c, "a", None),    // the existing pin
         ];
         let stats = PinStats::default();
-        let answers = PinWriter::write_together(r.meta.writer(), &batch, &stats)
+        let answers = PinWriter::write_together(r.meta.writer(), r.meta.dialect(), &batch, &stats)
             .await
             .unwrap();
         let pinned = |i: usize| match &answers[i] {

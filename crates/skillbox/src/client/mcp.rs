@@ -268,27 +268,7 @@ impl Session {
         Parameters(r): Parameters<ReadSkillFile>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let s = self.opened(&context).await?;
-        let run = match s.run_of(r.run_id).await {
-            Ok(run) => run,
-            Err(e) => return answer(Err(e)),
-        };
-        let url = s.client.ws_url(&format!(
-            "runs/{}/skills/{}/files/{}",
-            run.id, r.name, r.path
-        ));
-        let read = s.client.bytes(url).await.map(|b| {
-            let mut v = json!({"name": r.name, "path": r.path});
-            match std::str::from_utf8(&b) {
-                Ok(text) => v["text"] = json!(text),
-                Err(_) => {
-                    use base64::Engine;
-                    v["blob"] = json!(base64::engine::general_purpose::STANDARD.encode(&b));
-                }
-            }
-            v
-        });
-        answer(with_run(read, &run))
+        self.opened(&context).await?.read_file(r).await
     }
 
     #[tool(
@@ -476,6 +456,30 @@ impl Opened {
         }
     }
 
+    /// `read_skill_file`: the file of the pinned revision, as text or a base64 blob.
+    async fn read_file(&self, r: ReadSkillFile) -> Result<CallToolResult, McpError> {
+        let run = match self.run_of(r.run_id).await {
+            Ok(run) => run,
+            Err(e) => return answer(Err(e)),
+        };
+        let url = self.client.ws_url(&format!(
+            "runs/{}/skills/{}/files/{}",
+            run.id, r.name, r.path
+        ));
+        let read = self.client.bytes(url).await.map(|b| {
+            let mut v = json!({"name": r.name, "path": r.path});
+            match std::str::from_utf8(&b) {
+                Ok(text) => v["text"] = json!(text),
+                Err(_) => {
+                    use base64::Engine;
+                    v["blob"] = json!(base64::engine::general_purpose::STANDARD.encode(&b));
+                }
+            }
+            v
+        });
+        answer(with_run(read, &run))
+    }
+
     async fn list(&self, run_id: Option<&str>) -> anyhow::Result<Value> {
         let skills: Value = self.client.get(self.client.ws_url("skills")).await?;
         let run: Value = match run_id {
@@ -537,15 +541,16 @@ fn workspace_of(parts: &axum::http::request::Parts) -> Option<String> {
     Some(ws.to_string())
 }
 
-/// `?skill=NAME` (repeatable) of the endpoint's URL: the authorized set of the session's run,
-/// as `--skill` over stdio.
-fn skills_of(parts: &axum::http::request::Parts) -> Vec<String> {
+/// The values of `?{key}=…` (repeatable) of the endpoint's URL: `skill` (the authorized set
+/// of the session's run, as `--skill` over stdio) and `ttl_seconds` (its lease and how long
+/// the session may idle, as `--ttl-seconds`).
+fn query_values(parts: &axum::http::request::Parts, key: &str) -> Vec<String> {
     parts
         .uri
         .query()
         .unwrap_or_default()
         .split('&')
-        .filter_map(|kv| kv.strip_prefix("skill="))
+        .filter_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
         .filter(|v| !v.is_empty())
         .map(str::to_string)
         .collect()
@@ -588,9 +593,24 @@ impl HttpOrigin {
                 json: true,
             },
         });
-        Opened::open(client, who, skills_of(parts), DEFAULT_TTL_SECONDS, opening)
-            .await
-            .map_err(tool_setup_error)
+        let ttl_seconds = match query_values(parts, "ttl_seconds").last() {
+            None => DEFAULT_TTL_SECONDS,
+            Some(t) => t.parse().map_err(|_| {
+                McpError::invalid_request(
+                    format!("bad_request: ttl_seconds={t:?} is not a whole number of seconds"),
+                    None,
+                )
+            })?,
+        };
+        Opened::open(
+            client,
+            who,
+            query_values(parts, "skill"),
+            ttl_seconds,
+            opening,
+        )
+        .await
+        .map_err(tool_setup_error)
     }
 }
 
@@ -783,9 +803,13 @@ impl ServerHandler for Session {
             opened.end = Some(SessionEnd {
                 announcer: Mutex::new(Some(announcer.abort_handle())),
             });
+            let opened = Arc::new(opened);
+            if let Some(slot) = parts.extensions.get::<OpenedSlot>() {
+                let _ = slot.0.set(Arc::downgrade(&opened));
+            }
             // A concurrent initialize of the same session cannot happen: rmcp serves a
             // session's handshake once.
-            let _ = self.opened.set(Arc::new(opened));
+            let _ = self.opened.set(opened);
         }
         context.peer.set_peer_info(request.clone());
         self.negotiate_initialize(&request)
@@ -975,29 +999,30 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The Streamable HTTP endpoint's service (mounted at `/v1/workspaces/{ws}/mcp` behind the
-/// route's access check): sessions whose tools call this server's API — through `local` (the
-/// server's router, in-process) once it is set, else at `base_url`. An idle session ends with
-/// its run's lease.
+/// The Streamable HTTP endpoint (mounted at `/v1/workspaces/{ws}/mcp` behind the route's
+/// access check): rmcp's service, whose sessions' tools call this server's API — through
+/// `local` (the server's router, in-process) once it is set, else at `base_url` — behind
+/// [`endpoint`], which answers a session's `read_skill_file` calls itself and ends sessions
+/// that idle past their run's lease.
 pub fn http_service(
     base_url: String,
     local: LocalApi,
     box_available: bool,
-) -> anyhow::Result<
-    rmcp::transport::StreamableHttpService<
-        Session,
-        rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-    >,
-> {
+) -> anyhow::Result<axum::Router> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    let live = Arc::new(LiveSessions::default());
     let origin = Arc::new(HttpOrigin {
         base_url,
         http: reqwest::Client::builder().build()?,
         local,
         box_available,
     });
+    // rmcp would end a session that it has not seen for its keep-alive, but it does not see
+    // the calls `endpoint` answers: sessions idle out by `LiveSessions`, which sees them all.
     let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(std::time::Duration::from_secs(DEFAULT_TTL_SECONDS));
+    sessions.session_config.keep_alive = None;
+    let sessions = Arc::new(sessions);
+    tokio::spawn(end_idle_sessions(live.clone(), Arc::downgrade(&sessions)));
     // The endpoint is authenticated by bearer token, which a DNS-rebinding page cannot send:
     // any Host may reach it (a public deployment names its own).
     // No priming event before each answer: it exists to resume a broken stream from an event
@@ -1006,25 +1031,231 @@ pub fn http_service(
     let config = rmcp::transport::StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_sse_retry(None);
-    Ok(rmcp::transport::StreamableHttpService::new(
+    let service = rmcp::transport::StreamableHttpService::new(
         move || Ok(Session::new(None, Some(origin.clone()))),
-        Arc::new(sessions),
+        sessions,
         config,
-    ))
+    );
+    Ok(axum::Router::new()
+        .fallback_service(service)
+        .layer(axum::middleware::from_fn_with_state(live, endpoint)))
 }
 
-/// The endpoint's answer to a session's `DELETE`: `204 No Content` where rmcp answers `202`,
-/// which the official Python SDK logs as a failed termination although the session ended.
-pub async fn session_end_as_no_content(
-    request: axum::extract::Request,
+/// The HTTP sessions as the endpoint sees them: each one's handler state (once `initialize`
+/// opened it) and when the client last sent anything.
+#[derive(Default)]
+struct LiveSessions(Mutex<std::collections::HashMap<String, LiveSession>>);
+
+struct LiveSession {
+    opened: Option<std::sync::Weak<Opened>>,
+    last_active: std::time::Instant,
+}
+
+/// Put into an `initialize` request for its handler to say which session it opened.
+#[derive(Clone, Default)]
+struct OpenedSlot(Arc<std::sync::OnceLock<std::sync::Weak<Opened>>>);
+
+impl LiveSessions {
+    fn started(&self, id: String, opened: Option<std::sync::Weak<Opened>>) {
+        if let Ok(mut all) = self.0.lock() {
+            let last_active = std::time::Instant::now();
+            all.insert(
+                id,
+                LiveSession {
+                    opened,
+                    last_active,
+                },
+            );
+        }
+    }
+
+    /// The client sent something in session `id`: its open session, if any.
+    fn touched(&self, id: &str) -> Option<Arc<Opened>> {
+        let mut all = self.0.lock().ok()?;
+        let session = all.get_mut(id)?;
+        session.last_active = std::time::Instant::now();
+        session.opened.as_ref()?.upgrade()
+    }
+
+    fn ended(&self, id: &str) {
+        if let Ok(mut all) = self.0.lock() {
+            all.remove(id);
+        }
+    }
+
+    /// Forgets the sessions idle for their run's lease (the session's end finishes its run),
+    /// and those whose handler is gone; returns their ids.
+    fn idle(&self) -> Vec<String> {
+        let Ok(mut all) = self.0.lock() else {
+            return vec![];
+        };
+        let now = std::time::Instant::now();
+        let mut idle = vec![];
+        all.retain(|id, s| {
+            let ttl = match &s.opened {
+                None => DEFAULT_TTL_SECONDS,
+                Some(o) => match o.upgrade() {
+                    Some(o) => o.ttl_seconds,
+                    None => 0,
+                },
+            };
+            let keep = now.duration_since(s.last_active) < std::time::Duration::from_secs(ttl);
+            if !keep {
+                idle.push(id.clone());
+            }
+            keep
+        });
+        idle
+    }
+}
+
+/// Ends the sessions idle past their run's lease, until the endpoint is gone. Activity renews
+/// a lease once less than half of it is left, so when a session has been idle a whole lease
+/// its run's lease has lapsed too.
+async fn end_idle_sessions(
+    live: Arc<LiveSessions>,
+    sessions: std::sync::Weak<
+        rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+    >,
+) {
+    use rmcp::transport::streamable_http_server::session::SessionManager;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let Some(sessions) = sessions.upgrade() else {
+            return;
+        };
+        for id in live.idle() {
+            if let Err(e) = sessions.close_session(&id.clone().into()).await {
+                tracing::warn!(session = %id, error = %e, "ending an idle MCP session failed");
+            }
+        }
+    }
+}
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// In front of rmcp: registers the sessions `initialize` opens, notes every request of a
+/// session as activity, answers `DELETE` with `204 No Content` (rmcp answers `202`, which the
+/// official Python SDK logs as a failed termination although the session ended), and answers
+/// a session's `tools/call read_skill_file` itself, as JSON (see [`read_directly`]).
+async fn endpoint(
+    axum::extract::State(live): axum::extract::State<Arc<LiveSessions>>,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let deleting = request.method() == axum::http::Method::DELETE;
-    let response = next.run(request).await;
-    if deleting && response.status() == axum::http::StatusCode::ACCEPTED {
-        return axum::http::StatusCode::NO_CONTENT.into_response();
+    let Some(id) = request
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        let slot = OpenedSlot::default();
+        request.extensions_mut().insert(slot.clone());
+        let response = next.run(request).await;
+        if let Some(id) = response
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+        {
+            live.started(id.to_string(), slot.0.get().cloned());
+        }
+        return response;
+    };
+    let opened = live.touched(&id);
+    match *request.method() {
+        axum::http::Method::DELETE => {
+            live.ended(&id);
+            let response = next.run(request).await;
+            if response.status() == axum::http::StatusCode::ACCEPTED {
+                return axum::http::StatusCode::NO_CONTENT.into_response();
+            }
+            response
+        }
+        axum::http::Method::POST if opened.is_some() => {
+            let (parts, body) = request.into_parts();
+            let Ok(body) = axum::body::to_bytes(body, MAX_DIRECT_BODY).await else {
+                return (
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "Payload Too Large: an MCP message is at most 4 MiB",
+                )
+                    .into_response();
+            };
+            if let Some(opened) = opened
+                && let Some(answer) = read_directly(&opened, &parts, &body).await
+            {
+                return answer;
+            }
+            next.run(axum::extract::Request::from_parts(parts, body.into()))
+                .await
+        }
+        _ => next.run(request).await,
     }
-    response
+}
+
+/// rmcp's own limit on a message.
+const MAX_DIRECT_BODY: usize = 4 * 1024 * 1024;
+
+/// A session's `tools/call read_skill_file`, answered without rmcp's session machinery (its
+/// worker task, its answer channel, an SSE stream per answer): the agent's hot path. The tool
+/// runs as rmcp would run it ([`Opened::read_file`]) and its result is the same message, as
+/// one JSON answer (which Streamable HTTP lets a server give any request). `None` — rmcp
+/// answers — for anything else, including every request rmcp would refuse or answer with an
+/// error: another token than the session's, an unknown protocol version, a tool the session
+/// lacks, arguments that do not fit.
+async fn read_directly(
+    opened: &Opened,
+    parts: &axum::http::request::Parts,
+    body: &[u8],
+) -> Option<axum::response::Response> {
+    use rmcp::model::{
+        ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, ServerJsonRpcMessage, ServerResult,
+    };
+    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let accepts_json = header("accept").is_some_and(|a| a.contains("application/json"));
+    let known_version = header("mcp-protocol-version").is_none_or(|v| {
+        rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+            .iter()
+            .any(|k| k.as_str() == v)
+    });
+    let standard_headers = header("mcp-method").is_some() || header("mcp-name").is_some();
+    if !accepts_json
+        || !known_version
+        || standard_headers
+        || bearer(parts) != Some(opened.token.as_str())
+    {
+        return None;
+    }
+    let JsonRpcMessage::Request(call) =
+        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
+    else {
+        return None;
+    };
+    let ClientRequest::CallToolRequest(tool) = &call.request else {
+        return None;
+    };
+    let params = &tool.params;
+    if params.name != "read_skill_file"
+        || !opened.tools.contains(&"read_skill_file")
+        || params.input_responses.is_some()
+        || params.request_state.is_some()
+    {
+        return None;
+    }
+    let arguments = Value::Object(params.arguments.clone().unwrap_or_default());
+    let arguments: ReadSkillFile = serde_json::from_value(arguments).ok()?;
+    let result = opened.read_file(arguments).await.ok()?;
+    let mut result = ServerResult::CallToolResult(result);
+    // As rmcp answers a peer of a revision before 2026-07-28 (every session's).
+    result.strip_result_type_for_legacy_peer();
+    let message = ServerJsonRpcMessage::response(result, call.id);
+    let body = serde_json::to_vec(&message).ok()?;
+    Some(
+        (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+    )
 }
 
 /// The `<available_skills>` index of the workspace's skills (those named in `only`, if any),

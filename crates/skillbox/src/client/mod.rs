@@ -12,7 +12,7 @@ mod skills;
 
 pub use admin::TokenCommand;
 pub use drafts::DraftCommand;
-pub use mcp::{McpArgs, http_service as mcp_http_service, session_end_as_no_content};
+pub use mcp::{McpArgs, http_service as mcp_http_service};
 pub use runs::RunCommand;
 
 use anyhow::Context;

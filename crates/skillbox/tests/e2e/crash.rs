@@ -194,6 +194,18 @@ async fn kill9_during_publishes_loses_nothing() {
 /// and every pin present — acknowledged or caught in flight — is whole: its revision's digest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill9_during_activations_loses_no_acknowledged_pin() {
+    kill9_during_activations(&[]).await
+}
+
+/// [`kill9_during_activations_loses_no_acknowledged_pin`] on PostgreSQL + S3, whose group
+/// commit has several batches in flight at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill9_during_activations_on_postgres_loses_no_acknowledged_pin() {
+    let storage = ScaleOut::fresh();
+    kill9_during_activations(&storage.args()).await
+}
+
+async fn kill9_during_activations(storage: &[&str]) {
     const SKILLS: usize = 40;
     const ROUNDS: usize = 5;
     let dir = tempfile::tempdir().unwrap();
@@ -206,7 +218,7 @@ async fn kill9_during_activations_loses_no_acknowledged_pin() {
     let mut killed_in_flight = 0;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for round in 0..ROUNDS {
-        let mut s = Server::start_on(dir.path(), port, &[]);
+        let mut s = Server::start_on(dir.path(), port, storage);
         if round == 0 {
             for k in 0..SKILLS {
                 let name = format!("s{k}");
@@ -280,7 +292,7 @@ async fn kill9_during_activations_loses_no_acknowledged_pin() {
             client.await.unwrap();
         }
     }
-    let s = Server::start_on(dir.path(), port, &[]);
+    let s = Server::start_on(dir.path(), port, storage);
     let acked = acked.lock().unwrap().clone();
     verify_pins(&c, &s, &runs, &acked, &digests).await;
     eprintln!(
