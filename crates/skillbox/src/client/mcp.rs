@@ -25,7 +25,7 @@ use rmcp::model::{
     Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult,
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
-    ServerCapabilities, ServerConfig,
+    ServerCapabilities, ServerConfig, ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{
@@ -208,6 +208,19 @@ fn with_run(v: anyhow::Result<Value>, run: &RunOf) -> anyhow::Result<Value> {
         }
         v
     })
+}
+
+/// `read_skill_file`'s structured content.
+#[derive(serde::Serialize)]
+struct FileRead<'a> {
+    name: &'a str,
+    path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blob: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    run_id: Option<&'a str>,
 }
 
 /// The run a tool call works in.
@@ -458,26 +471,40 @@ impl Opened {
 
     /// `read_skill_file`: the file of the pinned revision, as text or a base64 blob.
     async fn read_file(&self, r: ReadSkillFile) -> Result<CallToolResult, McpError> {
-        let run = match self.run_of(r.run_id).await {
-            Ok(run) => run,
-            Err(e) => return answer(Err(e)),
-        };
+        answer(
+            self.read_file_json(r)
+                .await
+                .and_then(|json| Ok(serde_json::from_str(&json)?)),
+        )
+    }
+
+    /// [`Opened::read_file`]'s structured content, as JSON text (the endpoint's read fast path
+    /// sends it as it is), or the server's error.
+    async fn read_file_json(&self, r: ReadSkillFile) -> anyhow::Result<String> {
+        let run = self.run_of(r.run_id).await?;
         let url = self.client.ws_url(&format!(
             "runs/{}/skills/{}/files/{}",
             run.id, r.name, r.path
         ));
-        let read = self.client.bytes(url).await.map(|b| {
-            let mut v = json!({"name": r.name, "path": r.path});
-            match std::str::from_utf8(&b) {
-                Ok(text) => v["text"] = json!(text),
-                Err(_) => {
-                    use base64::Engine;
-                    v["blob"] = json!(base64::engine::general_purpose::STANDARD.encode(&b));
-                }
+        let bytes = self.client.bytes(url).await?;
+        let (text, blob) = match std::str::from_utf8(&bytes) {
+            Ok(text) => (Some(text), None),
+            Err(_) => {
+                use base64::Engine;
+                (
+                    None,
+                    Some(base64::engine::general_purpose::STANDARD.encode(&bytes)),
+                )
             }
-            v
-        });
-        answer(with_run(read, &run))
+        };
+        Ok(serde_json::to_string(&FileRead {
+            name: &r.name,
+            path: &r.path,
+            text,
+            blob,
+            // A call that ran in a fresh run (stateless protocol) says which.
+            run_id: run.fresh.then_some(run.id.as_str()),
+        })?)
     }
 
     async fn list(&self, run_id: Option<&str>) -> anyhow::Result<Value> {
@@ -1207,9 +1234,6 @@ async fn read_directly(
     parts: &axum::http::request::Parts,
     body: &[u8],
 ) -> Option<axum::response::Response> {
-    use rmcp::model::{
-        ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, ServerJsonRpcMessage, ServerResult,
-    };
     let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
     let accepts_json = header("accept").is_some_and(|a| a.contains("application/json"));
     let known_version = header("mcp-protocol-version").is_none_or(|v| {
@@ -1222,40 +1246,71 @@ async fn read_directly(
         || !known_version
         || standard_headers
         || bearer(parts) != Some(opened.token.as_str())
-    {
-        return None;
-    }
-    let JsonRpcMessage::Request(call) =
-        serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()?
-    else {
-        return None;
-    };
-    let ClientRequest::CallToolRequest(tool) = &call.request else {
-        return None;
-    };
-    let params = &tool.params;
-    if params.name != "read_skill_file"
         || !opened.tools.contains(&"read_skill_file")
-        || params.input_responses.is_some()
-        || params.request_state.is_some()
     {
         return None;
     }
-    let arguments = Value::Object(params.arguments.clone().unwrap_or_default());
-    let arguments: ReadSkillFile = serde_json::from_value(arguments).ok()?;
-    let result = opened.read_file(arguments).await.ok()?;
-    let mut result = ServerResult::CallToolResult(result);
-    // As rmcp answers a peer of a revision before 2026-07-28 (every session's).
-    result.strip_result_type_for_legacy_peer();
-    let message = ServerJsonRpcMessage::response(result, call.id);
-    let body = serde_json::to_vec(&message).ok()?;
+    let call: DirectRead = serde_json::from_slice(body).ok()?;
+    if call.method != "tools/call"
+        || call.params.name != "read_skill_file"
+        || call.params.input_responses.is_some()
+        || call.params.request_state.is_some()
+    {
+        return None;
+    }
+    let message = match opened.read_file_json(call.params.arguments).await {
+        Ok(structured) => tool_result_message(&call.id, &structured),
+        Err(e) => {
+            let mut result = ServerResult::CallToolResult(answer(Err(e)).ok()?);
+            // As rmcp answers a peer of a revision before 2026-07-28 (every session's).
+            result.strip_result_type_for_legacy_peer();
+            serde_json::to_vec(&ServerJsonRpcMessage::response(result, call.id)).ok()?
+        }
+    };
     Some(
         (
             [(axum::http::header::CONTENT_TYPE, "application/json")],
-            body,
+            message,
         )
             .into_response(),
     )
+}
+
+/// The one request [`read_directly`] answers: `tools/call` of `read_skill_file` (any other
+/// message does not parse, or is checked after).
+#[derive(serde::Deserialize)]
+struct DirectRead {
+    #[allow(dead_code)] // parsed to refuse a message that is not JSON-RPC 2.0
+    jsonrpc: rmcp::model::JsonRpcVersion2_0,
+    id: rmcp::model::RequestId,
+    method: String,
+    params: DirectReadParams,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DirectReadParams {
+    name: String,
+    arguments: ReadSkillFile,
+    input_responses: Option<serde::de::IgnoredAny>,
+    request_state: Option<serde::de::IgnoredAny>,
+}
+
+/// The answer to request `id` whose tool succeeded with `structured` (JSON text): the message
+/// rmcp sends for `CallToolResult::structured` to a peer before 2026-07-28 — the structured
+/// content, and the same as JSON text for clients without it — written straight from the
+/// text, so the file's bytes are escaped once for the text block and copied once as they are.
+fn tool_result_message(id: &rmcp::model::RequestId, structured: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(structured.len() * 2 + 128);
+    out.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    // Neither can fail: a request id and a string always serialize.
+    let _ = serde_json::to_writer(&mut out, id);
+    out.extend_from_slice(br#","result":{"content":[{"type":"text","text":"#);
+    let _ = serde_json::to_writer(&mut out, structured);
+    out.extend_from_slice(br#"}],"structuredContent":"#);
+    out.extend_from_slice(structured.as_bytes());
+    out.extend_from_slice(br#","isError":false}}"#);
+    out
 }
 
 /// The `<available_skills>` index of the workspace's skills (those named in `only`, if any),
@@ -1288,4 +1343,59 @@ fn index_of(skills: &Value, only: &[String]) -> String {
         "<available_skills>\n{}\n</available_skills>",
         entries.join("\n")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The read fast path's answer is the message rmcp sends for the same result: a client
+    /// cannot tell which answered.
+    #[test]
+    fn a_direct_answer_is_the_message_rmcp_would_send() {
+        let structured = serde_json::to_string(&FileRead {
+            name: "hello",
+            path: "notes/\"quoted\".md",
+            text: Some("line one\nline \"two\" \\ \u{1F600} \u{0007}\n"),
+            blob: None,
+            run_id: None,
+        })
+        .unwrap();
+        for id in [
+            rmcp::model::RequestId::Number(42),
+            rmcp::model::RequestId::String("call-7".into()),
+        ] {
+            let direct: Value =
+                serde_json::from_slice(&tool_result_message(&id, &structured)).unwrap();
+            let value: Value = serde_json::from_str(&structured).unwrap();
+            let mut result = ServerResult::CallToolResult(CallToolResult::structured(value));
+            result.strip_result_type_for_legacy_peer();
+            let by_rmcp = serde_json::to_value(ServerJsonRpcMessage::response(result, id)).unwrap();
+            assert_eq!(direct, by_rmcp);
+        }
+    }
+
+    /// Only a well-formed `tools/call` of `read_skill_file` is taken off rmcp's hands.
+    #[test]
+    fn only_a_read_call_parses_as_one() {
+        let read = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "read_skill_file", "arguments": {"name": "a", "path": "SKILL.md"},
+                       "_meta": {"progressToken": 1}}});
+        let call: DirectRead = serde_json::from_value(read.clone()).unwrap();
+        assert_eq!(
+            (call.method.as_str(), call.params.arguments.path.as_str()),
+            ("tools/call", "SKILL.md")
+        );
+        let mut wrong_version = read.clone();
+        wrong_version["jsonrpc"] = json!("1.0");
+        let mut no_path = read.clone();
+        no_path["params"]["arguments"] = json!({"name": "a"});
+        let notification = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        for other in [wrong_version, no_path, notification] {
+            assert!(
+                serde_json::from_value::<DirectRead>(other.clone()).is_err(),
+                "{other}"
+            );
+        }
+    }
 }

@@ -266,17 +266,10 @@ impl Client {
             return Ok(resp);
         }
         let status = resp.status().as_u16();
-        let body = resp
-            .json::<ErrorEnvelope>()
-            .await
-            .unwrap_or_else(|_| ErrorEnvelope {
-                error: ErrorBody {
-                    code: "http".into(),
-                    message: "no error body".into(),
-                    details: Default::default(),
-                },
-            });
-        Err(ServerError { status, body }.into())
+        Err(server_error(
+            status,
+            &resp.bytes().await.unwrap_or_default(),
+        ))
     }
 
     /// Sends a request and reads its answer as `T`.
@@ -312,12 +305,46 @@ impl Client {
     }
 
     async fn bytes(&self, url: String) -> anyhow::Result<bytes::Bytes> {
+        // In-process, without reqwest's request building and URL parsing: this is the MCP
+        // endpoint's hot read.
+        if let Some(router) = self.local.as_ref().and_then(LocalApi::router) {
+            use tower::ServiceExt;
+            let mut request = axum::http::Request::get(url.as_str());
+            if let Some(t) = &self.conn.token {
+                request = request.header(axum::http::header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            let answer = match router
+                .oneshot(request.body(axum::body::Body::empty())?)
+                .await
+            {
+                Ok(answer) => answer,
+                Err(never) => match never {},
+            };
+            let status = answer.status();
+            let body = axum::body::to_bytes(answer.into_body(), usize::MAX).await?;
+            if status.is_success() {
+                return Ok(body);
+            }
+            return Err(server_error(status.as_u16(), &body));
+        }
         Ok(self
             .send(self.req(reqwest::Method::GET, url))
             .await?
             .bytes()
             .await?)
     }
+}
+
+/// A non-2xx answer as a [`ServerError`]: the server's error envelope, or what it was.
+fn server_error(status: u16, body: &[u8]) -> anyhow::Error {
+    let body = serde_json::from_slice::<ErrorEnvelope>(body).unwrap_or_else(|_| ErrorEnvelope {
+        error: ErrorBody {
+            code: "http".into(),
+            message: "no error body".into(),
+            details: Default::default(),
+        },
+    });
+    ServerError { status, body }.into()
 }
 
 /// The workspace's event log as it arrives: Server-Sent Events frames read into events.
