@@ -495,11 +495,23 @@ impl PinWriter {
         batch: &[(PinRequest, PinReply)],
         stats: &PinStats,
     ) -> Result<Vec<Result<(LivePin, bool)>>> {
-        let mut tx = Self::begin(writer, dialect).await?;
-        let mut answers = Vec::with_capacity(batch.len());
         let requests: Vec<&PinRequest> = batch.iter().map(|(r, _)| r).collect();
-        let mut fresh = pin_common(&mut tx, dialect, &requests).await?;
-        let mut written = fresh.len() as u64;
+        // SQLite: the common case opens the batch's one transaction. PostgreSQL: it is one
+        // statement, committed by itself; the rest (if any) get a transaction of their own.
+        let (mut fresh, mut tx) = match dialect {
+            Dialect::Sqlite => {
+                let mut tx = Self::begin(writer, dialect).await?;
+                (pin_common(&mut tx, dialect, &requests).await?, Some(tx))
+            }
+            Dialect::Postgres => {
+                let fresh = pin_common(&mut *writer.acquire().await?, dialect, &requests).await?;
+                stats.committed(fresh.len() as u64);
+                (fresh, None)
+            }
+        };
+        // Pins written in `tx`, whose commit is still to come.
+        let mut written = if tx.is_some() { fresh.len() as u64 } else { 0 };
+        let mut answers = Vec::with_capacity(batch.len());
         for request in requests {
             if let Some(pin) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
                 answers.push(Ok((pin, true)));
@@ -508,7 +520,11 @@ impl PinWriter {
             // The rest one by one. An answer that is an error wrote nothing (every check
             // precedes the writes), so the batch goes on; a database error ends it (dropping
             // `tx` rolls back).
-            match pin_the_long_way(&mut tx, request).await {
+            let tx = match &mut tx {
+                Some(tx) => tx,
+                None => tx.insert(Self::begin(writer, dialect).await?),
+            };
+            match pin_the_long_way(tx, request).await {
                 Ok((pin, wrote)) => {
                     written += u64::from(wrote);
                     answers.push(Ok((pin, wrote)));
@@ -517,8 +533,10 @@ impl PinWriter {
                 Err(e) => answers.push(Err(e)),
             }
         }
-        tx.commit().await?;
-        stats.committed(written);
+        if let Some(tx) = tx {
+            tx.commit().await?;
+            stats.committed(written);
+        }
         Ok(answers)
     }
 
@@ -536,21 +554,27 @@ impl PinWriter {
     }
 }
 
-/// The common case of pinning in three statements, however many requests: every request for
-/// a live run, an authorized active skill and an available revision, not pinned yet, is pinned
-/// by one `INSERT … SELECT` over the requests; one `UPDATE` renews those runs' leases that have
-/// less than half left (as any activity renews a lease: a renewal dirties the run's page, and
-/// most activations come early in their run's lease), and one `SELECT` reads them. Returns
-/// those pins by (run, skill name); the other requests (and repeats of a pair) are left for
+/// The common case of pinning, however many requests: every request for a live run, an
+/// authorized active skill and an available revision, not pinned yet, is pinned by one
+/// `INSERT … SELECT` over the requests; the leases of the runs that got pins are renewed where
+/// less than half is left (as any activity renews a lease: a renewal dirties the run's row,
+/// and most activations come early in their run's lease), and read. Returns those pins by
+/// (run, skill name); the other requests (and repeats of a pair) are left for
 /// [`pin_the_long_way`], which says why they differ.
 ///
-/// SQLite's write lock (held since BEGIN IMMEDIATE) orders this with collection and
-/// revocation; on PostgreSQL the revision rows are share-locked (`FOR SHARE`), which orders it
-/// with their updates of those rows as the long way's lock does, while activations of one
+/// SQLite: three statements inside the caller's transaction, whose write lock (held since
+/// BEGIN IMMEDIATE) orders them with collection and revocation. PostgreSQL: one statement
+/// (the writes as data-modifying CTEs), atomic and durable by itself, so the group commit
+/// runs it outside a transaction: one round trip and one commit per batch. There the revision
+/// rows are share-locked (`FOR SHARE`), which orders the pins with collection's and
+/// revocation's updates of those rows as the long way's lock does, while activations of one
 /// revision do not wait for each other. A pin committed meanwhile by another transaction is no
-/// conflict: nothing is written, and the long way finds that pin.
+/// conflict: nothing is written, and the long way finds that pin. An existing pin is found
+/// the same way, by the conflict (a `NOT EXISTS` probe instead led PostgreSQL, which plans the
+/// statement afresh for each batch, to scan every pin of the skill per request). SQLite needs
+/// the `WHERE` to parse `ON CONFLICT` after a join.
 async fn pin_common(
-    tx: &mut Tx,
+    conn: &mut sqlx::AnyConnection,
     dialect: Dialect,
     requests: &[&PinRequest],
 ) -> Result<HashMap<(String, String), LivePin>> {
@@ -578,103 +602,138 @@ async fn pin_common(
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let lock = match dialect {
-        Dialect::Sqlite => "",
-        Dialect::Postgres => "FOR SHARE OF v",
+    let insert = |lock: &str| {
+        format!(
+            "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+             SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
+             FROM req
+             JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
+                 AND r.state = 'active' AND r.expires_at > req.now
+             JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
+             JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
+             JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
+                 AND v.revision = COALESCE(req.requested, s.current_revision)
+             WHERE true {lock}
+             ON CONFLICT (run_id, skill_id) DO NOTHING
+             RETURNING run_id, skill_name, skill_id, revision, digest, activated_at"
+        )
     };
-    let sql = format!(
-        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values})
-         INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
-         SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
-         FROM req
-         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
-             AND r.state = 'active' AND r.expires_at > req.now
-         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
-         JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
-         JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
-             AND v.revision = COALESCE(req.requested, s.current_revision)
-         WHERE NOT EXISTS (SELECT 1 FROM pins p WHERE p.run_id = r.id AND p.skill_id = rs.skill_id)
-         {lock}
-         ON CONFLICT (run_id, skill_id) DO NOTHING
-         RETURNING run_id, skill_name, skill_id, revision, digest"
-    );
-    let mut insert = sqlx::query(AssertSqlSafe(sql));
-    for r in &requests {
-        insert = insert
-            .bind(r.run_id.as_str())
-            .bind(r.workspace.as_str())
-            .bind(r.skill.as_str())
-            .bind(r.requested)
-            .bind(r.now);
-    }
-    let rows = insert.fetch_all(&mut **tx).await?;
-    if rows.is_empty() {
-        return Ok(pins);
-    }
-    // Each run's lease from its latest request; in the runs' order, so concurrent batches
-    // (PostgreSQL) lock the runs they renew in one order.
-    let mut runs: std::collections::BTreeMap<&str, i64> = Default::default();
-    for r in &requests {
-        let now = runs.entry(r.run_id.as_str()).or_insert(r.now);
-        *now = (*now).max(r.now);
-    }
-    let values = (0..runs.len())
-        .map(|i| format!("(${}, ${})", i * 2 + 1, i * 2 + 2))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let renew = format!(
-        "WITH req (run, at) AS (VALUES {values})
-         UPDATE runs SET expires_at = req.at + ttl_ms FROM req
-         WHERE id = req.run AND expires_at - req.at < ttl_ms / 2"
-    );
-    let leases = format!(
-        "WITH req (run, at) AS (VALUES {values})
-         SELECT id, ttl_ms, expires_at FROM runs JOIN req ON id = req.run"
-    );
-    let mut renew = sqlx::query(AssertSqlSafe(renew));
-    let mut read = sqlx::query(AssertSqlSafe(leases));
-    for (id, now) in &runs {
-        renew = renew.bind(*id).bind(*now);
-        read = read.bind(*id).bind(*now);
-    }
-    renew.execute(&mut **tx).await?;
-    let mut leases = HashMap::new();
-    for row in read.fetch_all(&mut **tx).await? {
-        let (id, ttl_ms, expires_at): (String, i64, i64) =
-            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-        leases.insert(id, (ttl_ms, expires_at));
-    }
-    for row in rows {
-        let (run_id, skill, skill_id, revision, digest): (String, String, String, i64, String) = (
-            row.try_get(0)?,
-            row.try_get(1)?,
-            row.try_get(2)?,
-            row.try_get(3)?,
-            row.try_get(4)?,
-        );
-        let Some(&(ttl_ms, expires_at)) = leases.get(&run_id) else {
-            return Err(RegistryError::broken(format!(
-                "run {run_id} got a pin but its lease cannot be read"
-            )));
+    // A lease is renewed from the latest pin of its run, and only while the run is live.
+    const RENEW: &str = "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
+         WHERE id = at.run_id AND state = 'active' AND expires_at > at.at
+             AND expires_at - at.at < ttl_ms / 2";
+    let bind_requests =
+        |mut query: sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>| {
+            for r in &requests {
+                query = query
+                    .bind(r.run_id.clone())
+                    .bind(r.workspace.clone())
+                    .bind(r.skill.clone())
+                    .bind(r.requested)
+                    .bind(r.now);
+            }
+            query
         };
-        pins.insert(
-            (run_id, skill),
-            LivePin {
-                skill_id,
-                revision,
-                digest,
-                ttl_ms,
-                expires_at,
-            },
-        );
+    match dialect {
+        Dialect::Postgres => {
+            let sql = format!(
+                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values}),
+                 ins AS ({}),
+                 at AS (SELECT run_id, max(activated_at) AS at FROM ins GROUP BY run_id),
+                 renewed AS ({RENEW} RETURNING id, expires_at)
+                 SELECT ins.run_id, ins.skill_name, ins.skill_id, ins.revision, ins.digest,
+                     r.ttl_ms, COALESCE(renewed.expires_at, r.expires_at)
+                 FROM ins JOIN runs r ON r.id = ins.run_id
+                 LEFT JOIN renewed ON renewed.id = ins.run_id",
+                insert("FOR SHARE OF v")
+            );
+            let rows = bind_requests(sqlx::query(AssertSqlSafe(sql)))
+                .fetch_all(&mut *conn)
+                .await?;
+            for row in rows {
+                let lease = (row.try_get(5)?, row.try_get(6)?);
+                let (key, pin) = inserted_pin(&row, lease)?;
+                pins.insert(key, pin);
+            }
+        }
+        Dialect::Sqlite => {
+            let sql = format!(
+                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values}) {}",
+                insert("")
+            );
+            let inserted = bind_requests(sqlx::query(AssertSqlSafe(sql)))
+                .fetch_all(&mut *conn)
+                .await?;
+            if inserted.is_empty() {
+                return Ok(pins);
+            }
+            // Each run's latest pin; in the runs' order.
+            let mut runs: std::collections::BTreeMap<String, i64> = Default::default();
+            for row in &inserted {
+                let (run, at): (String, i64) = (row.try_get(0)?, row.try_get(5)?);
+                let latest = runs.entry(run).or_insert(at);
+                *latest = (*latest).max(at);
+            }
+            let at = (0..runs.len())
+                .map(|i| format!("(${}, ${})", i * 2 + 1, i * 2 + 2))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let renew = format!("WITH at (run_id, at) AS (VALUES {at}) {RENEW}");
+            let mut renew = sqlx::query(AssertSqlSafe(renew));
+            let mut leases = String::from("SELECT id, ttl_ms, expires_at FROM runs WHERE id IN (");
+            for (i, (run, at)) in runs.iter().enumerate() {
+                renew = renew.bind(run.clone()).bind(*at);
+                leases.push_str(&format!("{}${}", if i > 0 { ", " } else { "" }, i + 1));
+            }
+            leases.push(')');
+            renew.execute(&mut *conn).await?;
+            let mut read = sqlx::query(AssertSqlSafe(leases));
+            for run in runs.keys() {
+                read = read.bind(run.clone());
+            }
+            let mut leases = HashMap::new();
+            for row in read.fetch_all(&mut *conn).await? {
+                let (id, ttl_ms, expires_at): (String, i64, i64) =
+                    (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+                leases.insert(id, (ttl_ms, expires_at));
+            }
+            for row in inserted {
+                let run_id: String = row.try_get(0)?;
+                let Some(&lease) = leases.get(&run_id) else {
+                    return Err(RegistryError::broken(format!(
+                        "run {run_id} got a pin but its lease cannot be read"
+                    )));
+                };
+                let (key, pin) = inserted_pin(&row, lease)?;
+                pins.insert(key, pin);
+            }
+        }
     }
     Ok(pins)
+}
+
+/// A pin as `INSERT … RETURNING run_id, skill_name, skill_id, revision, digest` returned it,
+/// with its run's lease (ttl, expiry): ((run, skill name), pin).
+fn inserted_pin(
+    row: &sqlx::any::AnyRow,
+    (ttl_ms, expires_at): (i64, i64),
+) -> Result<((String, String), LivePin)> {
+    Ok((
+        (row.try_get(0)?, row.try_get(1)?),
+        LivePin {
+            skill_id: row.try_get(2)?,
+            revision: row.try_get(3)?,
+            digest: row.try_get(4)?,
+            ttl_ms,
+            expires_at,
+        },
+    ))
 }
 
 /// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
 /// found before anything is written.
 async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(LivePin, bool)> {
-    let written = pin_common(tx, dialect, &[request]).await?;
+    let written = pin_common(&mut **tx, dialect, &[request]).await?;
     match written.into_values().next() {
         Some(pin) => Ok((pin, true)),
         None => pin_the_long_way(tx, request).await,
@@ -844,8 +903,8 @@ mod tests {
 
     /// One batch mixing the common case (written by the batch's one `INSERT … SELECT`) with
     /// everything else (a repeat, an existing pin, a conflict, an unauthorized skill, a
-    /// finished run, a revoked revision): each request gets its own answer, and the batch is
-    /// one commit that wrote exactly the new pins.
+    /// finished run, a revoked revision): each request gets its own answer, and the batch
+    /// wrote exactly the new pins, in one commit (SQLite) or two (PostgreSQL).
     #[tokio::test]
     async fn a_batch_writes_its_common_pins_together_and_answers_each_request_sqlite() {
         let dir = tempfile::tempdir().unwrap();
@@ -886,9 +945,15 @@ mod tests {
         let with_c = r.create_run("ws", Some(vec!["a".into(), "c".into()]), None, false);
         let with_c = with_c.await.unwrap().run_id;
         let done = r.create_run("ws", None, None, false).await.unwrap().run_id;
+        let lapsed = r
+            .create_run("ws", None, Some(1), false)
+            .await
+            .unwrap()
+            .run_id;
         r.finish_run("ws", &done).await.unwrap();
         // An existing pin before the batch.
         r.activate("ws", &with_c, "a", None).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
 
         let batch = vec![
             request(&both, "a", None),      // new: current revision 2
@@ -900,6 +965,7 @@ mod tests {
             request(&with_c, "c", Some(1)), // revoked
             request(&done, "a", None),      // finished run
             request(&with_c, "a", None),    // the existing pin
+            request(&lapsed, "a", None),    // a run whose lease lapsed (not yet swept)
         ];
         let stats = PinStats::default();
         let answers = PinWriter::write_together(r.meta.writer(), r.meta.dialect(), &batch, &stats)
@@ -937,8 +1003,21 @@ mod tests {
         );
         assert!(answers[7].is_err(), "a finished run pins nothing");
         assert_eq!(pinned(8), (2, false));
-        assert_eq!(stats.commits.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.written.load(Ordering::Relaxed), 3);
+        assert!(answers[9].is_err(), "a lapsed run pins nothing");
+        // … and the batch's lease renewals did not bring it back.
+        assert_ne!(r.run("ws", &lapsed).await.unwrap().state, RunState::Active);
+        // SQLite: one transaction. PostgreSQL: the common case's statement commits by itself,
+        // the rest in one transaction.
+        let commits = match r.meta.dialect() {
+            Dialect::Sqlite => 1,
+            Dialect::Postgres => 2,
+        };
+        assert_eq!(stats.commits.load(Ordering::Relaxed), commits);
+        let flags: Vec<_> = answers
+            .iter()
+            .map(|a| a.as_ref().map(|p| p.1).map_err(|e| e.to_string()))
+            .collect();
+        assert_eq!(stats.written.load(Ordering::Relaxed), 3, "{flags:?}");
         // What the batch answered is what is stored, and each pin renewed its run's lease.
         let run = r.run("ws", &both).await.unwrap();
         let stored: Vec<(String, i64)> = run
