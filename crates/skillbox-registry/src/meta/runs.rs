@@ -733,7 +733,7 @@ fn inserted_pin(
 /// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
 /// found before anything is written.
 async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(LivePin, bool)> {
-    let written = pin_common(&mut **tx, dialect, &[request]).await?;
+    let written = pin_common(tx, dialect, &[request]).await?;
     match written.into_values().next() {
         Some(pin) => Ok((pin, true)),
         None => pin_the_long_way(tx, request).await,
