@@ -250,7 +250,7 @@ def test_an_http_session_lives_while_used_and_ends_with_its_lease(server, worksp
     session idle for a whole lease ends — its id is unknown (404) and its run is over."""
     import httpx
     c = sb.Client(server.url, ADMIN, workspace=workspace)
-    c.publish("hello", skill_dir(str(tmp_path / "h"), "hello", "v1"))
+    c.publish("hello", skill_dir(str(tmp_path / "h"), "hello", "v1", {"docs/my notes é.md": "héllo\n".encode()}))
     url = mcp_url(server, workspace) + "?ttl_seconds=3"
     init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
     read = {"name": "read_skill_file", "arguments": {"name": "hello", "path": "scripts/run.sh"}}
@@ -262,6 +262,10 @@ def test_an_http_session_lives_while_used_and_ends_with_its_lease(server, worksp
                    session, id=2)
         run_id = m["result"]["structuredContent"]["run_id"]
         assert c.run(run_id).state()["ttl_seconds"] == 3
+        # a path that must be percent-encoded on its way to the API
+        odd = {"name": "read_skill_file", "arguments": {"name": "hello", "path": "docs/my notes é.md"}}
+        _, m = rpc(http, url, ADMIN, "tools/call", odd, session, id=5)
+        assert m["result"]["structuredContent"].get("text") == "héllo\n", m
         started = time.monotonic()
         i = 10
         while time.monotonic() - started < 7:  # more than two leases

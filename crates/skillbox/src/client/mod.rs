@@ -306,10 +306,12 @@ impl Client {
 
     async fn bytes(&self, url: String) -> anyhow::Result<bytes::Bytes> {
         // In-process, without reqwest's request building and URL parsing: this is the MCP
-        // endpoint's hot read.
-        if let Some(router) = self.local.as_ref().and_then(LocalApi::router) {
+        // endpoint's hot read. A URL that is not a valid URI as it stands (a space or a
+        // non-ASCII character in a file's path) takes reqwest's way, which percent-encodes it.
+        let uri = axum::http::Uri::try_from(url.as_str());
+        if let (Some(router), Ok(uri)) = (self.local.as_ref().and_then(LocalApi::router), uri) {
             use tower::ServiceExt;
-            let mut request = axum::http::Request::get(url.as_str());
+            let mut request = axum::http::Request::get(uri);
             if let Some(t) = &self.conn.token {
                 request = request.header(axum::http::header::AUTHORIZATION, format!("Bearer {t}"));
             }
