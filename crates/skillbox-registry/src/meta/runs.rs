@@ -678,19 +678,16 @@ async fn pin_common(
                 .map(|i| format!("(${}, ${})", i * 2 + 1, i * 2 + 2))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let renew = format!("WITH at (run_id, at) AS (VALUES {at}) {RENEW}");
-            let mut renew = sqlx::query(AssertSqlSafe(renew));
-            let mut leases = String::from("SELECT id, ttl_ms, expires_at FROM runs WHERE id IN (");
-            for (i, (run, at)) in runs.iter().enumerate() {
+            let at = format!("WITH at (run_id, at) AS (VALUES {at})");
+            let mut renew = sqlx::query(AssertSqlSafe(format!("{at} {RENEW}")));
+            let mut read = sqlx::query(AssertSqlSafe(format!(
+                "{at} SELECT id, ttl_ms, expires_at FROM runs JOIN at ON id = at.run_id"
+            )));
+            for (run, at) in &runs {
                 renew = renew.bind(run.clone()).bind(*at);
-                leases.push_str(&format!("{}${}", if i > 0 { ", " } else { "" }, i + 1));
+                read = read.bind(run.clone()).bind(*at);
             }
-            leases.push(')');
             renew.execute(&mut *conn).await?;
-            let mut read = sqlx::query(AssertSqlSafe(leases));
-            for run in runs.keys() {
-                read = read.bind(run.clone());
-            }
             let mut leases = HashMap::new();
             for row in read.fetch_all(&mut *conn).await? {
                 let (id, ttl_ms, expires_at): (String, i64, i64) =
@@ -712,8 +709,8 @@ async fn pin_common(
     Ok(pins)
 }
 
-/// A pin as `INSERT … RETURNING run_id, skill_name, skill_id, revision, digest` returned it,
-/// with its run's lease (ttl, expiry): ((run, skill name), pin).
+/// A pin as [`pin_common`]'s insert returned it (`run_id, skill_name, skill_id, revision,
+/// digest`, …), with its run's lease (ttl, expiry): ((run, skill name), pin).
 fn inserted_pin(
     row: &sqlx::any::AnyRow,
     (ttl_ms, expires_at): (i64, i64),

@@ -1058,6 +1058,10 @@ pub fn http_service(
     let config = rmcp::transport::StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_sse_retry(None);
+    let front = Front {
+        live,
+        max_body: config.max_request_body_bytes,
+    };
     let service = rmcp::transport::StreamableHttpService::new(
         move || Ok(Session::new(None, Some(origin.clone()))),
         sessions,
@@ -1065,7 +1069,15 @@ pub fn http_service(
     );
     Ok(axum::Router::new()
         .fallback_service(service)
-        .layer(axum::middleware::from_fn_with_state(live, endpoint)))
+        .layer(axum::middleware::from_fn_with_state(front, endpoint)))
+}
+
+/// What [`endpoint`] keeps: the sessions, and rmcp's limit on a message (it reads a body
+/// before rmcp does).
+#[derive(Clone)]
+struct Front {
+    live: Arc<LiveSessions>,
+    max_body: usize,
 }
 
 /// The HTTP sessions as the endpoint sees them: each one's handler state (once `initialize`
@@ -1159,20 +1171,19 @@ async fn end_idle_sessions(
     }
 }
 
-const SESSION_HEADER: &str = "mcp-session-id";
-
 /// In front of rmcp: registers the sessions `initialize` opens, notes every request of a
 /// session as activity, answers `DELETE` with `204 No Content` (rmcp answers `202`, which the
 /// official Python SDK logs as a failed termination although the session ended), and answers
 /// a session's `tools/call read_skill_file` itself, as JSON (see [`read_directly`]).
 async fn endpoint(
-    axum::extract::State(live): axum::extract::State<Arc<LiveSessions>>,
+    axum::extract::State(Front { live, max_body }): axum::extract::State<Front>,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use rmcp::transport::common::http_header::HEADER_SESSION_ID;
     let Some(id) = request
         .headers()
-        .get(SESSION_HEADER)
+        .get(HEADER_SESSION_ID)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
     else {
@@ -1181,16 +1192,15 @@ async fn endpoint(
         let response = next.run(request).await;
         if let Some(id) = response
             .headers()
-            .get(SESSION_HEADER)
+            .get(HEADER_SESSION_ID)
             .and_then(|v| v.to_str().ok())
         {
             live.started(id.to_string(), slot.0.get().cloned());
         }
         return response;
     };
-    let opened = live.touched(&id);
-    match *request.method() {
-        axum::http::Method::DELETE => {
+    match (request.method().clone(), live.touched(&id)) {
+        (axum::http::Method::DELETE, _) => {
             live.ended(&id);
             let response = next.run(request).await;
             if response.status() == axum::http::StatusCode::ACCEPTED {
@@ -1198,18 +1208,16 @@ async fn endpoint(
             }
             response
         }
-        axum::http::Method::POST if opened.is_some() => {
+        (axum::http::Method::POST, Some(opened)) => {
             let (parts, body) = request.into_parts();
-            let Ok(body) = axum::body::to_bytes(body, MAX_DIRECT_BODY).await else {
+            let Ok(body) = axum::body::to_bytes(body, max_body).await else {
                 return (
                     axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    "Payload Too Large: an MCP message is at most 4 MiB",
+                    format!("Payload Too Large: an MCP message is at most {max_body} bytes"),
                 )
                     .into_response();
             };
-            if let Some(opened) = opened
-                && let Some(answer) = read_directly(&opened, &parts, &body).await
-            {
+            if let Some(answer) = read_directly(&opened, &parts, &body).await {
                 return answer;
             }
             next.run(axum::extract::Request::from_parts(parts, body.into()))
@@ -1218,9 +1226,6 @@ async fn endpoint(
         _ => next.run(request).await,
     }
 }
-
-/// rmcp's own limit on a message.
-const MAX_DIRECT_BODY: usize = 4 * 1024 * 1024;
 
 /// A session's `tools/call read_skill_file`, answered without rmcp's session machinery (its
 /// worker task, its answer channel, an SSE stream per answer): the agent's hot path. The tool

@@ -210,14 +210,22 @@ async fn answer_locally(
     router: axum::Router,
     request: reqwest::Request,
 ) -> anyhow::Result<reqwest::Response> {
-    use tower::ServiceExt;
     let request = axum::http::Request::<reqwest::Body>::try_from(request)?;
-    let answer = match router.oneshot(request.map(axum::body::Body::new)).await {
-        Ok(answer) => answer,
-        Err(never) => match never {},
-    };
+    let answer = routed(router, request.map(axum::body::Body::new)).await;
     let answer = answer.map(|b| reqwest::Body::wrap_stream(b.into_data_stream()));
     Ok(reqwest::Response::from(answer))
+}
+
+/// `request` answered by `router`, in-process.
+async fn routed(
+    router: axum::Router,
+    request: axum::http::Request<axum::body::Body>,
+) -> axum::response::Response {
+    use tower::ServiceExt;
+    match router.oneshot(request).await {
+        Ok(answer) => answer,
+        Err(never) => match never {},
+    }
 }
 
 impl Client {
@@ -310,18 +318,11 @@ impl Client {
         // non-ASCII character in a file's path) takes reqwest's way, which percent-encodes it.
         let uri = axum::http::Uri::try_from(url.as_str());
         if let (Some(router), Ok(uri)) = (self.local.as_ref().and_then(LocalApi::router), uri) {
-            use tower::ServiceExt;
             let mut request = axum::http::Request::get(uri);
             if let Some(t) = &self.conn.token {
                 request = request.header(axum::http::header::AUTHORIZATION, format!("Bearer {t}"));
             }
-            let answer = match router
-                .oneshot(request.body(axum::body::Body::empty())?)
-                .await
-            {
-                Ok(answer) => answer,
-                Err(never) => match never {},
-            };
+            let answer = routed(router, request.body(axum::body::Body::empty())?).await;
             let status = answer.status();
             let body = axum::body::to_bytes(answer.into_body(), usize::MAX).await?;
             if status.is_success() {
