@@ -55,17 +55,19 @@ def test_publish_browse_diff_and_roll_back(page, server, workspace, tmp_path):
     # diff r1 → r2: the changed line, and the per-file summary
     page.select_option("#diff-against", "1")
     page.click("#diff-go")
-    page.wait_for_selector("#diff-files .diff")
+    # files are diffed one after another (SKILL.md first): wait for the one checked below
+    run_sh = "section[id='diff-scripts/run.sh'] table.diff"
+    page.wait_for_selector(run_sh)
     summary = page.inner_text("#diff-summary")
     assert "scripts/run.sh" in summary and "modified" in summary and "data.bin" in summary and "added" in summary
-    added = page.locator(".diff tr.add").all_inner_texts()
-    removed = page.locator(".diff tr.del").all_inner_texts()
+    added = page.locator(f"{run_sh} tr.add").all_inner_texts()
+    removed = page.locator(f"{run_sh} tr.del").all_inner_texts()
     assert any('echo "v2"' in t for t in added), added
     assert any('echo "v1"' in t for t in removed), removed
     shot(page, "diff-unified")
     page.click("text=Side by side")
-    page.wait_for_selector(".diff.side td.add")
-    assert any('echo "v2"' in t for t in page.locator(".diff.side td.add").all_inner_texts())
+    page.wait_for_selector(f"{run_sh}.side")
+    assert any('echo "v2"' in t for t in page.locator(f"{run_sh}.side td.add").all_inner_texts())
 
     # roll back to r1: the pointer moves
     page.goto(f"{server.url}/ui/#/skills/hello")
