@@ -185,7 +185,16 @@ impl Registry {
         let changes = Arc::new(tokio::sync::watch::channel(0).0);
         let (revocations, _) = tokio::sync::broadcast::channel(1024);
         let (pin_generation, listener) = match meta.dialect() {
-            meta::Dialect::Sqlite => (runs::Generation::File(layout.pin_cache_generation()), None),
+            meta::Dialect::Sqlite => {
+                let path = layout.pin_cache_generation();
+                let file = runs::GenerationFile::open(path.clone()).map_err(|e| {
+                    RegistryError::Unusable(format!(
+                        "the pin-cache generation file {} cannot be opened: {e}",
+                        path.display()
+                    ))
+                })?;
+                (runs::Generation::File(file), None)
+            }
             meta::Dialect::Postgres => {
                 let notified = Arc::new(notify::NotifiedGeneration::default());
                 let hearers = notify::Hearers {

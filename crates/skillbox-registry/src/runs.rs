@@ -515,7 +515,8 @@ pub(crate) struct CachedPin {
 /// every process and server that could have cached the pin:
 ///
 /// - SQLite: the generation is the length of a file in the data directory, which the change
-///   appends a byte to — shared by every process on it, read with one `stat` per request.
+///   appends a byte to — shared by every process on it, read with one `fstat` of the file held
+///   open per request (a `stat` of its path resolves the path each time).
 /// - PostgreSQL: a counter that every server bumps when the database notifies it of such a
 ///   change (see `notify.rs`); while a server is not listening, its cache is off.
 ///
@@ -527,8 +528,52 @@ pub(crate) struct PinCache {
 }
 
 pub(crate) enum Generation {
-    File(std::path::PathBuf),
+    File(GenerationFile),
     Notified(Arc<crate::notify::NotifiedGeneration>),
+}
+
+/// The SQLite generation's file, held open for appending.
+pub(crate) struct GenerationFile {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+}
+
+impl GenerationFile {
+    pub(crate) fn open(path: std::path::PathBuf) -> std::io::Result<Self> {
+        let file = Self::open_path(&path)?;
+        Ok(GenerationFile { path, file })
+    }
+
+    fn open_path(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    }
+
+    /// The held file's metadata while it is still the path's file. Should the file have been
+    /// removed since it was opened (an operator's cleanup), the held one no longer sees other
+    /// processes' bumps: the path's file is used then.
+    fn held(&self) -> Option<std::fs::Metadata> {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().ok().filter(|m| m.nlink() > 0)
+    }
+
+    /// The file's length.
+    fn len(&self) -> u64 {
+        match self.held() {
+            Some(m) => m.len(),
+            None => std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0),
+        }
+    }
+
+    fn bump(&self) -> std::io::Result<()> {
+        use std::io::Write;
+        match self.held() {
+            Some(_) => (&self.file).write_all(b"."),
+            None => Self::open_path(&self.path)?.write_all(b"."),
+        }
+    }
 }
 
 impl PinCache {
@@ -542,7 +587,7 @@ impl PinCache {
     /// The generation now, `None` while the cache must not be used.
     pub(crate) fn generation(&self) -> Option<u64> {
         match &self.generation {
-            Generation::File(path) => Some(std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)),
+            Generation::File(file) => Some(file.len()),
             Generation::Notified(n) => n.current(),
         }
     }
@@ -585,20 +630,14 @@ impl PinCache {
     /// Invalidates every cached pin here at once; other processes (SQLite: the shared file) or
     /// servers (PostgreSQL: the commit's notification) follow.
     pub(crate) fn bump(&self) {
-        use std::io::Write;
-        let path = match &self.generation {
+        let file = match &self.generation {
             Generation::Notified(n) => return n.bump(),
-            Generation::File(path) => path,
+            Generation::File(file) => file,
         };
-        let appended = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .and_then(|mut f| f.write_all(b"."));
-        if let Err(e) = appended {
+        if let Err(e) = file.bump() {
             // Without the bump other processes could serve stale pins: drop everything here
             // and say so loudly.
-            tracing::error!(error = %e, path = %path.display(), "cannot bump the pin-cache generation");
+            tracing::error!(error = %e, path = %file.path.display(), "cannot bump the pin-cache generation");
             if let Ok(mut e) = self.entries.lock() {
                 e.clear();
             }

@@ -358,7 +358,7 @@ impl MetaStore {
 }
 
 /// One activation's pin to write.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 struct PinRequest {
     workspace: String,
     run_id: String,
@@ -570,9 +570,15 @@ impl PinWriter {
 /// revocation's updates of those rows as the long way's lock does, while activations of one
 /// revision do not wait for each other. A pin committed meanwhile by another transaction is no
 /// conflict: nothing is written, and the long way finds that pin. An existing pin is found
-/// the same way, by the conflict (a `NOT EXISTS` probe instead led PostgreSQL, which plans the
-/// statement afresh for each batch, to scan every pin of the skill per request). SQLite needs
-/// the `WHERE` to parse `ON CONFLICT` after a join.
+/// the same way, by the conflict (a `NOT EXISTS` probe instead was planned by PostgreSQL as a
+/// scan of every pin of the skill per request). SQLite needs the `WHERE` to parse
+/// `ON CONFLICT` after a join.
+///
+/// On PostgreSQL the requests travel as one JSON parameter, so the statement has one text
+/// whatever the batch's size: it is parsed once per connection and stays in its statement
+/// cache (PostgreSQL may then keep a generic plan for it), where a `VALUES` list of each
+/// batch's length was a new statement to parse and plan for nearly every batch. SQLite keeps
+/// the `VALUES` list (its planning is cheap; see the SQLite arm for why not JSON there).
 async fn pin_common(
     conn: &mut sqlx::AnyConnection,
     dialect: Dialect,
@@ -588,66 +594,11 @@ async fn pin_common(
     if requests.is_empty() {
         return Ok(pins);
     }
-    let values = (0..requests.len())
-        .map(|i| {
-            let p = i * 5;
-            format!(
-                "(${}, ${}, ${}, ${}, ${})",
-                p + 1,
-                p + 2,
-                p + 3,
-                p + 4,
-                p + 5
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let insert = |lock: &str| {
-        format!(
-            "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
-             SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
-             FROM req
-             JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
-                 AND r.state = 'active' AND r.expires_at > req.now
-             JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
-             JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
-             JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
-                 AND v.revision = COALESCE(req.requested, s.current_revision)
-             WHERE true {lock}
-             ON CONFLICT (run_id, skill_id) DO NOTHING
-             RETURNING run_id, skill_name, skill_id, revision, digest, activated_at"
-        )
-    };
-    // A lease is renewed from the latest pin of its run, and only while the run is live.
-    const RENEW: &str = "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
-         WHERE id = at.run_id AND state = 'active' AND expires_at > at.at
-             AND expires_at - at.at < ttl_ms / 2";
-    let bind_requests =
-        |mut query: sqlx::query::Query<'static, sqlx::Any, sqlx::any::AnyArguments>| {
-            for r in &requests {
-                query = query
-                    .bind(r.run_id.clone())
-                    .bind(r.workspace.clone())
-                    .bind(r.skill.clone())
-                    .bind(r.requested)
-                    .bind(r.now);
-            }
-            query
-        };
     match dialect {
         Dialect::Postgres => {
-            let sql = format!(
-                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values}),
-                 ins AS ({}),
-                 at AS (SELECT run_id, max(activated_at) AS at FROM ins GROUP BY run_id),
-                 renewed AS ({RENEW} RETURNING id, expires_at)
-                 SELECT ins.run_id, ins.skill_name, ins.skill_id, ins.revision, ins.digest,
-                     r.ttl_ms, COALESCE(renewed.expires_at, r.expires_at)
-                 FROM ins JOIN runs r ON r.id = ins.run_id
-                 LEFT JOIN renewed ON renewed.id = ins.run_id",
-                insert("FOR SHARE OF v")
-            );
-            let rows = bind_requests(sqlx::query(AssertSqlSafe(sql)))
+            let requests = serde_json::to_string(&requests).map_err(RegistryError::internal)?;
+            let rows = sqlx::query(AssertSqlSafe(PIN_COMMON_POSTGRES.as_str()))
+                .bind(requests)
                 .fetch_all(&mut *conn)
                 .await?;
             for row in rows {
@@ -657,13 +608,24 @@ async fn pin_common(
             }
         }
         Dialect::Sqlite => {
-            let sql = format!(
-                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {values}) {}",
-                insert("")
-            );
-            let inserted = bind_requests(sqlx::query(AssertSqlSafe(sql)))
-                .fetch_all(&mut *conn)
-                .await?;
+            // A `VALUES` list here, not JSON: with `json_each` a batch took ~80 ms in
+            // `scripts/bench-runs` (new pins fell from 10k/s to 380/s; the planner's join
+            // order around a table-valued function is the suspect); with `VALUES` ~3 ms, its
+            // fsync included.
+            let mut insert = sqlx::query(AssertSqlSafe(format!(
+                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {}) {}",
+                sqlite_values(requests.len(), 5),
+                pin_insert("")
+            )));
+            for r in &requests {
+                insert = insert
+                    .bind(r.run_id.clone())
+                    .bind(r.workspace.clone())
+                    .bind(r.skill.clone())
+                    .bind(r.requested)
+                    .bind(r.now);
+            }
+            let inserted = insert.fetch_all(&mut *conn).await?;
             if inserted.is_empty() {
                 return Ok(pins);
             }
@@ -674,11 +636,10 @@ async fn pin_common(
                 let latest = runs.entry(run).or_insert(at);
                 *latest = (*latest).max(at);
             }
-            let at = (0..runs.len())
-                .map(|i| format!("(${}, ${})", i * 2 + 1, i * 2 + 2))
-                .collect::<Vec<_>>()
-                .join(", ");
-            let at = format!("WITH at (run_id, at) AS (VALUES {at})");
+            let at = format!(
+                "WITH at (run_id, at) AS (VALUES {})",
+                sqlite_values(runs.len(), 2)
+            );
             let mut renew = sqlx::query(AssertSqlSafe(format!("{at} {RENEW}")));
             let mut read = sqlx::query(AssertSqlSafe(format!(
                 "{at} SELECT id, ttl_ms, expires_at FROM runs JOIN at ON id = at.run_id"
@@ -708,6 +669,62 @@ async fn pin_common(
     }
     Ok(pins)
 }
+
+/// [`pin_common`]'s insert of a pin for every request of `req` that is the common case,
+/// returning the pins written (`run_id, skill_name, skill_id, revision, digest,
+/// activated_at`).
+fn pin_insert(lock: &str) -> String {
+    format!(
+        "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+         SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
+         FROM req
+         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
+             AND r.state = 'active' AND r.expires_at > req.now
+         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
+         JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
+         JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
+             AND v.revision = COALESCE(req.requested, s.current_revision)
+         WHERE true {lock}
+         ON CONFLICT (run_id, skill_id) DO NOTHING
+         RETURNING run_id, skill_name, skill_id, revision, digest, activated_at"
+    )
+}
+
+/// [`pin_common`]'s lease renewal of the runs in `at (run_id, at)`: from the latest pin of
+/// each, and only while the run is live.
+const RENEW: &str = "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
+     WHERE id = at.run_id AND state = 'active' AND expires_at > at.at
+         AND expires_at - at.at < ttl_ms / 2";
+
+/// `rows` rows of `columns` placeholders each, for a `VALUES` list: `($1, $2), ($3, $4)`.
+fn sqlite_values(rows: usize, columns: usize) -> String {
+    (0..rows)
+        .map(|row| {
+            let placeholders = (1..=columns)
+                .map(|c| format!("${}", row * columns + c))
+                .collect::<Vec<_>>();
+            format!("({})", placeholders.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// [`pin_common`] on PostgreSQL, one statement for any number of requests: `$1` is the
+/// requests as a JSON array of [`PinRequest`]s.
+static PIN_COMMON_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "WITH req AS (SELECT * FROM json_to_recordset($1::json)
+             AS r (run_id text, workspace text, skill text, requested bigint, now bigint)),
+         ins AS ({}),
+         at AS (SELECT run_id, max(activated_at) AS at FROM ins GROUP BY run_id),
+         renewed AS ({RENEW} RETURNING id, expires_at)
+         SELECT ins.run_id, ins.skill_name, ins.skill_id, ins.revision, ins.digest,
+             r.ttl_ms, COALESCE(renewed.expires_at, r.expires_at)
+         FROM ins JOIN runs r ON r.id = ins.run_id
+         LEFT JOIN renewed ON renewed.id = ins.run_id",
+        pin_insert("FOR SHARE OF v")
+    )
+});
 
 /// A pin as [`pin_common`]'s insert returned it (`run_id, skill_name, skill_id, revision,
 /// digest`, …), with its run's lease (ttl, expiry): ((run, skill name), pin).
