@@ -578,7 +578,7 @@ impl PinWriter {
 /// whatever the batch's size: it is parsed once per connection and stays in its statement
 /// cache (PostgreSQL may then keep a generic plan for it), where a `VALUES` list of each
 /// batch's length was a new statement to parse and plan for nearly every batch. SQLite keeps
-/// the `VALUES` list (its planning is cheap; see the SQLite arm for why not JSON there).
+/// the `VALUES` list (see the SQLite arm for why not JSON there).
 async fn pin_common(
     conn: &mut sqlx::AnyConnection,
     dialect: Dialect,
