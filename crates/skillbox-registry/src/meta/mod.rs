@@ -203,11 +203,11 @@ impl MetaStore {
                         conn.execute("PRAGMA synchronous = FULL").await?;
                         conn.execute("PRAGMA busy_timeout = 30000").await?;
                         // Room for the hot pages of the run and pin tables and their indexes
-                        // (the default 2 MiB makes a busy writer re-read them), and fewer,
-                        // larger checkpoints: a page written by many commits is copied back
-                        // to the database once per checkpoint, not once per 4 MiB of WAL.
+                        // (the default 2 MiB makes a busy writer re-read them).
                         conn.execute("PRAGMA cache_size = -16384").await?;
-                        conn.execute("PRAGMA wal_autocheckpoint = 8000").await?;
+                        // Checkpoints run in the background (see the pin writer); a commit
+                        // runs one itself only if they fall this far (128 MiB) behind.
+                        conn.execute("PRAGMA wal_autocheckpoint = 32768").await?;
                         // Statement journals (a multi-row statement inside a transaction keeps
                         // one to undo itself alone) in memory, not in a temporary file written
                         // page by page.
@@ -224,10 +224,15 @@ impl MetaStore {
         }
         let pool = opts.clone().connect(url).await?;
         let writer = match dialect {
-            Dialect::Sqlite => opts.max_connections(1).connect(url).await?,
+            Dialect::Sqlite => {
+                opts.max_connections(1)
+                    .test_before_acquire(false)
+                    .connect(url)
+                    .await?
+            }
             Dialect::Postgres => pool.clone(),
         };
-        let pins = runs::PinWriter::start(writer.clone(), dialect);
+        let pins = runs::PinWriter::start(writer.clone(), pool.clone(), dialect);
         let store = MetaStore {
             pool,
             writer,

@@ -402,16 +402,24 @@ impl PinWriter {
     const MAX_BATCH: usize = 512;
 
     /// Starts the writer task on `writer` (SQLite's one-connection pool, or PostgreSQL's
-    /// pool). The task ends when the last store holding the queue is dropped.
-    pub(crate) fn start(writer: AnyPool, dialect: Dialect) -> Self {
+    /// pool); on SQLite also the WAL checkpoints, on a connection of `readers`. Both end when
+    /// the last store holding the queue is dropped.
+    pub(crate) fn start(writer: AnyPool, readers: AnyPool, dialect: Dialect) -> Self {
         let (queue, requests) = tokio::sync::mpsc::unbounded_channel();
         let stats = Arc::<PinStats>::default();
-        tokio::spawn(Self::write_batches(
-            writer,
-            dialect,
-            requests,
-            stats.clone(),
-        ));
+        let write = Self::write_batches(writer, dialect, requests, stats.clone());
+        match dialect {
+            Dialect::Sqlite => {
+                tokio::spawn(async move {
+                    let checkpoints = tokio::spawn(checkpoint_in_background(readers));
+                    write.await;
+                    checkpoints.abort();
+                });
+            }
+            Dialect::Postgres => {
+                tokio::spawn(write);
+            }
+        }
         PinWriter {
             queue: Some(queue),
             stats,
@@ -496,21 +504,19 @@ impl PinWriter {
         stats: &PinStats,
     ) -> Result<Vec<Result<(LivePin, bool)>>> {
         let requests: Vec<&PinRequest> = batch.iter().map(|(r, _)| r).collect();
-        // SQLite: the common case opens the batch's one transaction. PostgreSQL: it is one
-        // statement, committed by itself; the rest (if any) get a transaction of their own.
-        let (mut fresh, mut tx) = match dialect {
-            Dialect::Sqlite => {
-                let mut tx = Self::begin(writer, dialect).await?;
-                (pin_common(&mut tx, dialect, &requests).await?, Some(tx))
-            }
-            Dialect::Postgres => {
-                let fresh = pin_common(&mut *writer.acquire().await?, dialect, &requests).await?;
-                stats.committed(fresh.len() as u64);
-                (fresh, None)
-            }
-        };
+        // The common case commits by itself (SQLite: one query from BEGIN IMMEDIATE to
+        // COMMIT; PostgreSQL: one statement); the rest (if any) get a transaction of their own.
+        let mut fresh = pin_common(
+            &mut *writer.acquire().await?,
+            dialect,
+            Transaction::Own,
+            &requests,
+        )
+        .await?;
+        stats.committed(fresh.len() as u64);
+        let mut tx: Option<Tx> = None;
         // Pins written in `tx`, whose commit is still to come.
-        let mut written = if tx.is_some() { fresh.len() as u64 } else { 0 };
+        let mut written = 0;
         let mut answers = Vec::with_capacity(batch.len());
         for request in requests {
             if let Some(pin) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
@@ -554,6 +560,32 @@ impl PinWriter {
     }
 }
 
+/// SQLite's WAL copied back into the database every [`CHECKPOINT_INTERVAL`] by a passive
+/// checkpoint on a reader's connection, which runs beside the writer instead of inside one of
+/// its commits (SQLite's automatic checkpoint runs in the commit that fills the WAL: that
+/// commit, and every activation waiting behind it, paid for copying thousands of pages).
+async fn checkpoint_in_background(readers: AnyPool) {
+    let mut every = tokio::time::interval(CHECKPOINT_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if readers.is_closed() {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&readers)
+            .await
+        {
+            tracing::warn!(error = %e, "WAL checkpoint failed; the next one retries");
+        }
+    }
+}
+
+/// How often [`checkpoint_in_background`] runs: often enough that the WAL stays far below
+/// the automatic checkpoint's threshold (set in [`MetaStore::connect`]) under a full write
+/// load (~130 MB/s of WAL in `scripts/bench-runs`).
+const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The common case of pinning, however many requests: every request for a live run, an
 /// authorized active skill and an available revision, not pinned yet, is pinned by one
 /// `INSERT … SELECT` over the requests; the leases of the runs that got pins are renewed where
@@ -562,8 +594,12 @@ impl PinWriter {
 /// (run, skill name); the other requests (and repeats of a pair) are left for
 /// [`pin_the_long_way`], which says why they differ.
 ///
-/// SQLite: three statements inside the caller's transaction, whose write lock (held since
-/// BEGIN IMMEDIATE) orders them with collection and revocation. PostgreSQL: one statement
+/// SQLite: three statements (insert, renewal, lease read) sent as one query, inside the
+/// caller's transaction ([`Transaction::Open`]) or between their own `BEGIN IMMEDIATE` and
+/// `COMMIT` ([`Transaction::Own`]); the write lock, held from `BEGIN IMMEDIATE`, orders them
+/// with collection and revocation. The renewal finds the runs that got pins by the pins'
+/// activation times (a pin of the same pair from an earlier batch in the same millisecond
+/// would renew once more, from that same time: harmless). PostgreSQL: one statement
 /// (the writes as data-modifying CTEs), atomic and durable by itself, so the group commit
 /// runs it outside a transaction: one round trip and one commit per batch. There the revision
 /// rows are share-locked (`FOR SHARE`), which orders the pins with collection's and
@@ -582,6 +618,7 @@ impl PinWriter {
 async fn pin_common(
     conn: &mut sqlx::AnyConnection,
     dialect: Dialect,
+    transaction: Transaction,
     requests: &[&PinRequest],
 ) -> Result<HashMap<(String, String), LivePin>> {
     let mut firsts = std::collections::HashSet::new();
@@ -612,52 +649,61 @@ async fn pin_common(
             // `scripts/bench-runs` (new pins fell from 10k/s to 380/s; the planner's join
             // order around a table-valued function is the suspect); with `VALUES` ~3 ms, its
             // fsync included.
-            let mut insert = sqlx::query(AssertSqlSafe(format!(
-                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {}) {}",
-                sqlite_values(requests.len(), 5),
-                pin_insert("")
-            )));
+            let req = format!(
+                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})",
+                sqlite_values(requests.len(), 5)
+            );
+            // Every statement in one query, so one round trip to the connection's worker
+            // thread (each took ~0.1–0.7 ms under load, more than the statement's own work).
+            // The statements share the parameters (`$n` names the n-th).
+            let statements = format!(
+                "{req} {insert};
+                 {req}, at AS (SELECT p.run_id, max(p.activated_at) AS at FROM req
+                     CROSS JOIN pins p ON p.run_id = req.run_id AND p.skill_name = req.skill
+                         AND p.activated_at = req.now
+                     GROUP BY p.run_id)
+                 {renew};
+                 {req} SELECT id, ttl_ms, expires_at FROM runs
+                     WHERE id IN (SELECT run_id FROM req)",
+                insert = pin_insert(""),
+                renew = renew("+"),
+            );
+            let text = match transaction {
+                Transaction::Open => statements,
+                Transaction::Own => format!("BEGIN IMMEDIATE; {statements}; COMMIT"),
+            };
+            let mut query = sqlx::query(AssertSqlSafe(text));
             for r in &requests {
-                insert = insert
+                query = query
                     .bind(r.run_id.clone())
                     .bind(r.workspace.clone())
                     .bind(r.skill.clone())
                     .bind(r.requested)
                     .bind(r.now);
             }
-            let inserted = insert.fetch_all(&mut *conn).await?;
-            if inserted.is_empty() {
-                return Ok(pins);
-            }
-            // Each run's latest pin; in the runs' order.
-            let mut runs: std::collections::BTreeMap<String, i64> = Default::default();
-            for row in &inserted {
-                let (run, at): (String, i64) = (row.try_get(0)?, row.try_get(5)?);
-                let latest = runs.entry(run).or_insert(at);
-                *latest = (*latest).max(at);
-            }
-            let at = format!(
-                "WITH at (run_id, at) AS (VALUES {})",
-                sqlite_values(runs.len(), 2)
-            );
-            let mut renew = sqlx::query(AssertSqlSafe(format!("{at} {RENEW}")));
-            let mut read = sqlx::query(AssertSqlSafe(format!(
-                "{at} SELECT id, ttl_ms, expires_at FROM runs JOIN at ON id = at.run_id"
-            )));
-            for (run, at) in &runs {
-                renew = renew.bind(run.clone()).bind(*at);
-                read = read.bind(run.clone()).bind(*at);
-            }
-            renew.execute(&mut *conn).await?;
-            let mut leases = HashMap::new();
-            for row in read.fetch_all(&mut *conn).await? {
+            let rows = match query.fetch_all(&mut *conn).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    if transaction == Transaction::Own {
+                        // Whatever statement failed, nothing of the batch stays: the
+                        // connection goes back to its pool with no transaction open.
+                        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                    }
+                    return Err(e.into());
+                }
+            };
+            // The insert's rows (six columns), then the leases of the requests' runs (three).
+            let (inserted, leases): (Vec<_>, Vec<_>) =
+                rows.into_iter().partition(|row| row.columns().len() == 6);
+            let mut lease_of = HashMap::new();
+            for row in leases {
                 let (id, ttl_ms, expires_at): (String, i64, i64) =
                     (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-                leases.insert(id, (ttl_ms, expires_at));
+                lease_of.insert(id, (ttl_ms, expires_at));
             }
             for row in inserted {
                 let run_id: String = row.try_get(0)?;
-                let Some(&lease) = leases.get(&run_id) else {
+                let Some(&lease) = lease_of.get(&run_id) else {
                     return Err(RegistryError::broken(format!(
                         "run {run_id} got a pin but its lease cannot be read"
                     )));
@@ -668,6 +714,13 @@ async fn pin_common(
         }
     }
     Ok(pins)
+}
+
+/// Whether [`pin_common`] runs inside a transaction the caller opened, or commits by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transaction {
+    Open,
+    Own,
 }
 
 /// [`pin_common`]'s insert of a pin for every request of `req` that is the common case,
@@ -691,10 +744,16 @@ fn pin_insert(lock: &str) -> String {
 }
 
 /// [`pin_common`]'s lease renewal of the runs in `at (run_id, at)`: from the latest pin of
-/// each, and only while the run is live.
-const RENEW: &str = "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
-     WHERE id = at.run_id AND state = 'active' AND expires_at > at.at
-         AND expires_at - at.at < ttl_ms / 2";
+/// each, and only while the run is live. `unindexed` prefixes the state and expiry terms:
+/// SQLite's `+` keeps its planner on the primary key (with the `runs_live` index on those
+/// columns it walked every live run, ~0.3 ms a batch of 4 in `scripts/bench-runs`).
+fn renew(unindexed: &str) -> String {
+    format!(
+        "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
+         WHERE id = at.run_id AND {unindexed}state = 'active' AND {unindexed}expires_at > at.at
+             AND expires_at - at.at < ttl_ms / 2"
+    )
+}
 
 /// `rows` rows of `columns` placeholders each, for a `VALUES` list: `($1, $2), ($3, $4)`.
 fn sqlite_values(rows: usize, columns: usize) -> String {
@@ -717,12 +776,13 @@ static PIN_COMMON_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::n
              AS r (run_id text, workspace text, skill text, requested bigint, now bigint)),
          ins AS ({}),
          at AS (SELECT run_id, max(activated_at) AS at FROM ins GROUP BY run_id),
-         renewed AS ({RENEW} RETURNING id, expires_at)
+         renewed AS ({renew} RETURNING id, expires_at)
          SELECT ins.run_id, ins.skill_name, ins.skill_id, ins.revision, ins.digest,
              r.ttl_ms, COALESCE(renewed.expires_at, r.expires_at)
          FROM ins JOIN runs r ON r.id = ins.run_id
          LEFT JOIN renewed ON renewed.id = ins.run_id",
-        pin_insert("FOR SHARE OF v")
+        pin_insert("FOR SHARE OF v"),
+        renew = renew(""),
     )
 });
 
@@ -747,7 +807,7 @@ fn inserted_pin(
 /// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
 /// found before anything is written.
 async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(LivePin, bool)> {
-    let written = pin_common(tx, dialect, &[request]).await?;
+    let written = pin_common(tx, dialect, Transaction::Open, &[request]).await?;
     match written.into_values().next() {
         Some(pin) => Ok((pin, true)),
         None => pin_the_long_way(tx, request).await,
@@ -1020,13 +1080,8 @@ mod tests {
         assert!(answers[9].is_err(), "a lapsed run pins nothing");
         // … and the batch's lease renewals did not bring it back.
         assert_ne!(r.run("ws", &lapsed).await.unwrap().state, RunState::Active);
-        // SQLite: one transaction. PostgreSQL: the common case's statement commits by itself,
-        // the rest in one transaction.
-        let commits = match r.meta.dialect() {
-            Dialect::Sqlite => 1,
-            Dialect::Postgres => 2,
-        };
-        assert_eq!(stats.commits.load(Ordering::Relaxed), commits);
+        // The common case commits by itself, the rest in one transaction.
+        assert_eq!(stats.commits.load(Ordering::Relaxed), 2);
         let flags: Vec<_> = answers
             .iter()
             .map(|a| a.as_ref().map(|p| p.1).map_err(|e| e.to_string()))
