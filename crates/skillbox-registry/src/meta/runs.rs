@@ -975,10 +975,84 @@ mod tests {
         (request, tokio::sync::oneshot::channel().0)
     }
 
+    /// SQLite's WAL is copied back by the background checkpoint, with no commit running one
+    /// (the automatic checkpoint waits for 32,768 pages; the schema wrote far fewer).
+    #[tokio::test]
+    async fn the_wal_is_checkpointed_beside_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("meta.db");
+        let _store = MetaStore::connect(&format!("sqlite://{}?mode=rwc", db.display()))
+            .await
+            .unwrap();
+        // The WAL index header (native byte order): the last valid frame at byte 16, the
+        // frames checkpointed at byte 96.
+        let frames = || {
+            let shm = std::fs::read(dir.path().join("meta.db-shm")).unwrap();
+            let word = |at: usize| u32::from_ne_bytes(shm[at..at + 4].try_into().unwrap());
+            (word(16), word(96))
+        };
+        let (written, _) = frames();
+        assert!(written > 0, "the schema's commits are in the WAL");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while frames().1 < written {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint in 10 s: {:?} (last frame, checkpointed)",
+                frames()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A batch whose one query fails partway (here the insert, refused by a trigger) leaves
+    /// nothing written and no transaction open on the writer's connection.
+    #[tokio::test]
+    async fn a_failed_batch_rolls_back_and_leaves_no_transaction_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Registry::open(RegistryConfig::new(dir.path()))
+            .await
+            .unwrap();
+        publish(&r, "a", 0).await;
+        let run = r.create_run("ws", None, None, false).await.unwrap().run_id;
+        let writer = r.meta.writer();
+        sqlx::query(
+            "CREATE TRIGGER refuse BEFORE INSERT ON pins BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .execute(writer)
+        .await
+        .unwrap();
+        let (request, _) = request(&run, "a", None);
+        let failed = pin_common(
+            &mut *writer.acquire().await.unwrap(),
+            Dialect::Sqlite,
+            Transaction::Own,
+            &[&request],
+        )
+        .await;
+        assert!(failed.is_err(), "the trigger refuses the insert");
+        // Inside a transaction left open, BEGIN would fail ("cannot start a transaction
+        // within a transaction").
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await.unwrap();
+        sqlx::query("DROP TRIGGER refuse")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let pins: i64 = sqlx::query_scalar("SELECT count(*) FROM pins")
+            .fetch_one(r.meta.pool())
+            .await
+            .unwrap();
+        assert_eq!(pins, 0);
+        // And the next batch goes through.
+        let (pin, written) = r.meta.pin("ws", &run, "a", None, now_ms()).await.unwrap();
+        assert!(written);
+        assert_eq!(pin.revision, 1);
+    }
+
     /// One batch mixing the common case (written by the batch's one `INSERT … SELECT`) with
     /// everything else (a repeat, an existing pin, a conflict, an unauthorized skill, a
     /// finished run, a revoked revision): each request gets its own answer, and the batch
-    /// wrote exactly the new pins, in one commit (SQLite) or two (PostgreSQL).
+    /// wrote exactly the new pins: the common case in one commit, the rest in a second.
     #[tokio::test]
     async fn a_batch_writes_its_common_pins_together_and_answers_each_request_sqlite() {
         let dir = tempfile::tempdir().unwrap();
