@@ -1023,7 +1023,7 @@ mod tests {
         .unwrap();
         let (request, _) = request(&run, "a", None);
         let failed = pin_common(
-            &mut *writer.acquire().await.unwrap(),
+            &mut writer.acquire().await.unwrap(),
             Dialect::Sqlite,
             Transaction::Own,
             &[&request],
