@@ -224,6 +224,8 @@ impl MetaStore {
         }
         let pool = opts.clone().connect(url).await?;
         let writer = match dialect {
+            // No ping before each acquire: the connection is to a local file, and a ping is
+            // one more round trip to its worker thread ahead of every pin batch.
             Dialect::Sqlite => {
                 opts.max_connections(1)
                     .test_before_acquire(false)
