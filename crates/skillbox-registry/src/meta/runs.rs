@@ -597,9 +597,12 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 /// SQLite: three statements (insert, renewal, lease read) sent as one query, inside the
 /// caller's transaction ([`Transaction::Open`]) or between their own `BEGIN IMMEDIATE` and
 /// `COMMIT` ([`Transaction::Own`]); the write lock, held from `BEGIN IMMEDIATE`, orders them
-/// with collection and revocation. The renewal finds the runs that got pins by the pins'
-/// activation times (a pin of the same pair from an earlier batch in the same millisecond
-/// would renew once more, from that same time: harmless). PostgreSQL: one statement
+/// with collection and revocation. The renewal looks only at the requests' runs with less
+/// than half their lease left, and finds which of them got pins by the pins' key (through
+/// `run_skills`) and activation time (a pin of the same pair from an earlier batch in the
+/// same millisecond would renew once more, from that same time: harmless). Finding them by
+/// skill name walked every pin of the run, a row read each: 20% of new pins' throughput in
+/// `scripts/bench-runs`. PostgreSQL: one statement
 /// (the writes as data-modifying CTEs), atomic and durable by itself, so the group commit
 /// runs it outside a transaction: one round trip and one commit per batch. There the revision
 /// rows are share-locked (`FOR SHARE`), which orders the pins with collection's and
@@ -607,8 +610,7 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 /// revision do not wait for each other. A pin committed meanwhile by another transaction is no
 /// conflict: nothing is written, and the long way finds that pin. An existing pin is found
 /// the same way, by the conflict (a `NOT EXISTS` probe instead was planned by PostgreSQL as a
-/// scan of every pin of the skill per request). SQLite needs the `WHERE` to parse
-/// `ON CONFLICT` after a join.
+/// scan of every pin of the skill per request).
 ///
 /// On PostgreSQL the requests travel as one JSON parameter, so the statement has one text
 /// whatever the batch's size: it is parsed once per connection and stays in its statement
@@ -655,17 +657,21 @@ async fn pin_common(
             );
             // Every statement in one query, so one round trip to the connection's worker
             // thread (each took ~0.1–0.7 ms under load, more than the statement's own work).
-            // The statements share the parameters (`$n` names the n-th).
+            // Each of the three statements takes the requests as parameters of its own.
             let statements = format!(
                 "{req} {insert};
-                 {req}, at AS (SELECT p.run_id, max(p.activated_at) AS at FROM req
-                     CROSS JOIN pins p ON p.run_id = req.run_id AND p.skill_name = req.skill
+                 {req}, at AS (SELECT req.run_id, max(p.activated_at) AS at FROM req
+                     CROSS JOIN runs r ON r.id = req.run_id
+                         AND r.expires_at - req.now < r.ttl_ms / 2
+                     CROSS JOIN run_skills rs ON rs.run_id = req.run_id
+                         AND rs.skill_name = req.skill
+                     CROSS JOIN pins p ON p.run_id = req.run_id AND p.skill_id = rs.skill_id
                          AND p.activated_at = req.now
-                     GROUP BY p.run_id)
+                     GROUP BY req.run_id)
                  {renew};
                  {req} SELECT id, ttl_ms, expires_at FROM runs
                      WHERE id IN (SELECT run_id FROM req)",
-                insert = pin_insert(""),
+                insert = pin_insert(Dialect::Sqlite),
                 renew = renew("+"),
             );
             let text = match transaction {
@@ -673,13 +679,15 @@ async fn pin_common(
                 Transaction::Own => format!("BEGIN IMMEDIATE; {statements}; COMMIT"),
             };
             let mut query = sqlx::query(AssertSqlSafe(text));
-            for r in &requests {
-                query = query
-                    .bind(r.run_id.clone())
-                    .bind(r.workspace.clone())
-                    .bind(r.skill.clone())
-                    .bind(r.requested)
-                    .bind(r.now);
+            for _statement in 0..3 {
+                for r in &requests {
+                    query = query
+                        .bind(r.run_id.clone())
+                        .bind(r.workspace.clone())
+                        .bind(r.skill.clone())
+                        .bind(r.requested)
+                        .bind(r.now);
+                }
             }
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
@@ -726,9 +734,24 @@ enum Transaction {
 /// [`pin_common`]'s insert of a pin for every request of `req` that is the common case,
 /// returning the pins written (`run_id, skill_name, skill_id, revision, digest,
 /// activated_at`).
-fn pin_insert(lock: &str) -> String {
+///
+/// An existing pin is skipped: on PostgreSQL by `ON CONFLICT DO NOTHING` (after `WHERE true`,
+/// which SQLite would need to parse it after a join), on SQLite by `INSERT OR IGNORE`. Both
+/// skip only rows whose key exists (every other column comes from a `NOT NULL` one), but
+/// SQLite's upsert clause leaves the statement able to abort on another constraint, and a
+/// statement of many rows that can abort copies every page it changes into a statement
+/// journal first (7% of the pin writer's time in `scripts/bench-runs`); `OR IGNORE` cannot
+/// abort.
+fn pin_insert(dialect: Dialect) -> String {
+    let (insert, skip_existing) = match dialect {
+        Dialect::Sqlite => ("INSERT OR IGNORE", ""),
+        Dialect::Postgres => (
+            "INSERT",
+            "WHERE true FOR SHARE OF v ON CONFLICT (run_id, skill_id) DO NOTHING",
+        ),
+    };
     format!(
-        "INSERT INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+        "{insert} INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
          SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
          FROM req
          JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
@@ -737,8 +760,7 @@ fn pin_insert(lock: &str) -> String {
          JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
          JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
              AND v.revision = COALESCE(req.requested, s.current_revision)
-         WHERE true {lock}
-         ON CONFLICT (run_id, skill_id) DO NOTHING
+         {skip_existing}
          RETURNING run_id, skill_name, skill_id, revision, digest, activated_at"
     )
 }
@@ -755,17 +777,14 @@ fn renew(unindexed: &str) -> String {
     )
 }
 
-/// `rows` rows of `columns` placeholders each, for a `VALUES` list: `($1, $2), ($3, $4)`.
+/// `rows` rows of `columns` anonymous placeholders each, for a `VALUES` list: `(?, ?), (?, ?)`.
+/// Anonymous, not `$n`: to bind a numbered parameter, sqlx asks SQLite for each parameter's
+/// name, which SQLite finds by a walk of the statement's name list, so binding a batch's
+/// hundreds of parameters took time quadratic in them (6% of the pin writer's time in
+/// `scripts/bench-runs`). Anonymous parameters are bound by position.
 fn sqlite_values(rows: usize, columns: usize) -> String {
-    (0..rows)
-        .map(|row| {
-            let placeholders = (1..=columns)
-                .map(|c| format!("${}", row * columns + c))
-                .collect::<Vec<_>>();
-            format!("({})", placeholders.join(", "))
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    vec![row; rows].join(", ")
 }
 
 /// [`pin_common`] on PostgreSQL, one statement for any number of requests: `$1` is the
@@ -781,7 +800,7 @@ static PIN_COMMON_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::n
              r.ttl_ms, COALESCE(renewed.expires_at, r.expires_at)
          FROM ins JOIN runs r ON r.id = ins.run_id
          LEFT JOIN renewed ON renewed.id = ins.run_id",
-        pin_insert("FOR SHARE OF v"),
+        pin_insert(Dialect::Postgres),
         renew = renew(""),
     )
 });
@@ -1101,19 +1120,22 @@ mod tests {
         r.finish_run("ws", &done).await.unwrap();
         // An existing pin before the batch.
         r.activate("ws", &with_c, "a", None).await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        // A run with less than half its lease left when the batch pins for it.
+        let renewing = r.create_run("ws", None, Some(3), false).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
 
         let batch = vec![
-            request(&both, "a", None),      // new: current revision 2
-            request(&both, "b", None),      // new
-            request(&both, "a", None),      // a repeat within the batch: the same pin
-            request(&only_a, "a", Some(1)), // new, the requested revision
-            request(&only_a, "b", None),    // not authorized
-            request(&with_c, "a", Some(1)), // conflicts with the existing pin of r2
-            request(&with_c, "c", Some(1)), // revoked
-            request(&done, "a", None),      // finished run
-            request(&with_c, "a", None),    // the existing pin
-            request(&lapsed, "a", None),    // a run whose lease lapsed (not yet swept)
+            request(&both, "a", None),            // new: current revision 2
+            request(&both, "b", None),            // new
+            request(&both, "a", None),            // a repeat within the batch: the same pin
+            request(&only_a, "a", Some(1)),       // new, the requested revision
+            request(&only_a, "b", None),          // not authorized
+            request(&with_c, "a", Some(1)),       // conflicts with the existing pin of r2
+            request(&with_c, "c", Some(1)),       // revoked
+            request(&done, "a", None),            // finished run
+            request(&with_c, "a", None),          // the existing pin
+            request(&lapsed, "a", None),          // a run whose lease lapsed (not yet swept)
+            request(&renewing.run_id, "b", None), // new, and renews the run's lease
         ];
         let stats = PinStats::default();
         let answers = PinWriter::write_together(r.meta.writer(), r.meta.dialect(), &batch, &stats)
@@ -1160,7 +1182,19 @@ mod tests {
             .iter()
             .map(|a| a.as_ref().map(|p| p.1).map_err(|e| e.to_string()))
             .collect();
-        assert_eq!(stats.written.load(Ordering::Relaxed), 3, "{flags:?}");
+        assert_eq!(stats.written.load(Ordering::Relaxed), 4, "{flags:?}");
+        let renewed = r.run("ws", &renewing.run_id).await.unwrap();
+        assert!(
+            renewed.expires_at > renewing.expires_at,
+            "the pin renews a lease with less than half left: {} → {}",
+            renewing.expires_at,
+            renewed.expires_at
+        );
+        assert_eq!(pinned(10), (1, true));
+        assert_eq!(
+            answers[10].as_ref().unwrap().0.expires_at,
+            renewed.expires_at
+        );
         // What the batch answered is what is stored, and each pin renewed its run's lease.
         let run = r.run("ws", &both).await.unwrap();
         let stored: Vec<(String, i64)> = run
