@@ -657,7 +657,6 @@ async fn pin_common(
             );
             // Every statement in one query, so one round trip to the connection's worker
             // thread (each took ~0.1–0.7 ms under load, more than the statement's own work).
-            // Each of the three statements takes the requests as parameters of its own.
             let statements = format!(
                 "{req} {insert};
                  {req}, at AS (SELECT req.run_id, max(p.activated_at) AS at FROM req
@@ -678,8 +677,11 @@ async fn pin_common(
                 Transaction::Open => statements,
                 Transaction::Own => format!("BEGIN IMMEDIATE; {statements}; COMMIT"),
             };
+            // Anonymous parameters are taken in order through the query: one set of the
+            // requests for each statement that lists them.
+            let lists = text.matches(req.as_str()).count();
             let mut query = sqlx::query(AssertSqlSafe(text));
-            for _statement in 0..3 {
+            for _list in 0..lists {
                 for r in &requests {
                     query = query
                         .bind(r.run_id.clone())
