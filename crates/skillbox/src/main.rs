@@ -14,6 +14,15 @@ mod serve;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// jemalloc for every allocation of the process: Rust's through this, C's (SQLite's page
+/// buffers, statements, rows) because the dependency's `unprefixed_malloc…` feature makes it
+/// the `malloc` the binary links. glibc's allocator consolidated its free lists on nearly every
+/// allocation of a page or more; with jemalloc new-pin activations rose 16–29% and pinned reads
+/// 7–20% in `scripts/bench-runs` (docs/BENCHMARKS.md).
+#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "skillbox",

@@ -91,8 +91,9 @@ const MIGRATION_ADVISORY_LOCK: i64 = 0x736b_6278_2d6d_6967;
 /// The advisory-lock key of garbage collection (any constant shared by all servers; "skbx-gc").
 const GC_ADVISORY_LOCK: i64 = 0x0073_6b62_782d_6763;
 
-/// The schema, statement by statement (see `schema.sql`), without its comments.
-fn schema() -> Vec<String> {
+/// The schema, statement by statement (see `schema.sql`), without its comments; on
+/// PostgreSQL without SQLite's `WITHOUT ROWID` (its tables are heaps beside their indexes).
+fn schema(dialect: Dialect) -> Vec<String> {
     let text: Vec<&str> = include_str!("schema.sql")
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
@@ -101,8 +102,63 @@ fn schema() -> Vec<String> {
         .split(';')
         .map(str::trim)
         .filter(|stmt| !stmt.is_empty())
+        .map(|stmt| match dialect {
+            Dialect::Sqlite => stmt.to_string(),
+            Dialect::Postgres => stmt.replace(WITHOUT_ROWID, ""),
+        })
+        .collect()
+}
+
+const WITHOUT_ROWID: &str = " WITHOUT ROWID";
+
+/// The tables `schema.sql` makes `WITHOUT ROWID`.
+fn without_rowid_tables() -> Vec<String> {
+    schema(Dialect::Sqlite)
+        .iter()
+        .filter(|stmt| stmt.ends_with(WITHOUT_ROWID))
+        .filter_map(|stmt| stmt.strip_prefix("CREATE TABLE IF NOT EXISTS "))
+        .filter_map(|rest| rest.split_whitespace().next())
         .map(str::to_string)
         .collect()
+}
+
+/// On SQLite, renames each table the schema makes `WITHOUT ROWID` that an older version
+/// created as a rowid table to `<table>_rowid`, for the schema to create it anew and
+/// [`refill_rebuilt`] to copy its rows back; returns those tables. Inside the migration's
+/// transaction, so a failure leaves the database as it was.
+async fn set_aside_rowid_tables(tx: &mut Tx) -> Result<Vec<String>> {
+    let mut set_aside = Vec::new();
+    for table in without_rowid_tables() {
+        let sql: Option<String> =
+            sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = $1")
+                .bind(&table)
+                .fetch_optional(&mut **tx)
+                .await?;
+        if sql.is_some_and(|sql| !sql.ends_with(WITHOUT_ROWID)) {
+            // Table names come from this crate's schema, not from input.
+            sqlx::query(AssertSqlSafe(format!(
+                "ALTER TABLE {table} RENAME TO {table}_rowid"
+            )))
+            .execute(&mut **tx)
+            .await?;
+            set_aside.push(table);
+        }
+    }
+    Ok(set_aside)
+}
+
+/// Copies the rows of each table [`set_aside_rowid_tables`] renamed into the table the schema
+/// made, and drops the old one. The columns are the same, in the same order: only the layout
+/// changed.
+async fn refill_rebuilt(tx: &mut Tx, tables: &[String]) -> Result<()> {
+    for table in tables {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "INSERT INTO {table} SELECT * FROM {table}_rowid; DROP TABLE {table}_rowid"
+        )))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// A database URL with its password, if any, replaced by `***`.
@@ -274,10 +330,15 @@ impl MetaStore {
                 .execute(&mut *tx)
                 .await?;
         }
-        for stmt in schema() {
+        let rebuilt = match self.dialect {
+            Dialect::Sqlite => set_aside_rowid_tables(&mut tx).await?,
+            Dialect::Postgres => Vec::new(),
+        };
+        for stmt in schema(self.dialect) {
             // The schema is a constant of this crate, not input.
             sqlx::query(AssertSqlSafe(stmt)).execute(&mut *tx).await?;
         }
+        refill_rebuilt(&mut tx, &rebuilt).await?;
         if self.dialect == Dialect::Postgres {
             // Function bodies hold semicolons: the file goes as one multi-statement query.
             sqlx::raw_sql(AssertSqlSafe(include_str!("schema_postgres.sql")))
@@ -371,4 +432,95 @@ impl MetaStore {
     // --- tokens ---
 
     // --- drafts ---
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database whose `pins` and `run_skills` an older version made as rowid tables (with
+    /// `pins_revision`) opens with both rebuilt `WITHOUT ROWID`, every row kept, and opens
+    /// again without rebuilding anything.
+    #[tokio::test]
+    async fn an_older_database_gets_its_tables_rebuilt_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("meta.db").display());
+        {
+            use sqlx::Connection;
+            sqlx::any::install_default_drivers();
+            let mut old = sqlx::AnyConnection::connect(&url).await.unwrap();
+            for stmt in schema(Dialect::Sqlite) {
+                let stmt = stmt.replace(WITHOUT_ROWID, "");
+                sqlx::query(AssertSqlSafe(stmt))
+                    .execute(&mut old)
+                    .await
+                    .unwrap();
+            }
+            sqlx::raw_sql(
+                "CREATE INDEX pins_revision ON pins (skill_id, revision);
+                 INSERT INTO run_skills VALUES ('run_1', 'a', 'skill_a'), ('run_1', 'b', 'skill_b');
+                 INSERT INTO pins VALUES ('run_1', 'skill_a', 'a', 3, 'sha256:aa', 17)",
+            )
+            .execute(&mut old)
+            .await
+            .unwrap();
+            old.close().await.unwrap();
+        }
+        let layout = |store: &MetaStore| {
+            let pool = store.pool().clone();
+            async move {
+                let rows: Vec<(String, String)> = sqlx::query_as(
+                    "SELECT name, coalesce(sql, '') FROM sqlite_schema WHERE type IN ('table', 'index') ORDER BY name",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                rows
+            }
+        };
+        for _open in 0..2 {
+            let store = MetaStore::connect(&url).await.unwrap();
+            let tables = layout(&store).await;
+            for table in ["pins", "run_skills"] {
+                let (_, sql) = tables.iter().find(|(name, _)| name == table).unwrap();
+                assert!(sql.ends_with(WITHOUT_ROWID), "{table}: {sql}");
+            }
+            assert!(
+                !tables
+                    .iter()
+                    .any(|(name, _)| name.ends_with("_rowid") || name == "pins_revision"),
+                "{tables:?}"
+            );
+            let pins: Vec<(String, String, String, i64, String, i64)> = sqlx::query_as(
+                "SELECT run_id, skill_id, skill_name, revision, digest, activated_at FROM pins",
+            )
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+            assert_eq!(
+                pins,
+                [(
+                    "run_1".into(),
+                    "skill_a".into(),
+                    "a".into(),
+                    3,
+                    "sha256:aa".into(),
+                    17
+                )]
+            );
+            let skills: Vec<(String, String, String)> = sqlx::query_as(
+                "SELECT run_id, skill_name, skill_id FROM run_skills ORDER BY skill_name",
+            )
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+            assert_eq!(
+                skills,
+                [
+                    ("run_1".into(), "a".into(), "skill_a".into()),
+                    ("run_1".into(), "b".into(), "skill_b".into())
+                ]
+            );
+        }
+    }
 }

@@ -205,10 +205,15 @@ impl MetaStore {
 
 /// Revisions no root holds: not current of an active skill, not pinned by a live run
 /// (`$1` = now), published before the grace cutoff (`$2`).
+///
+/// The pinned revisions are found from the live runs (the `runs_live` index, then each run's
+/// pins by their key), once per collection: pins have no index by revision, because keeping
+/// one dirtied a second random page for every new pin (~40% of the pin writer's WAL in
+/// `scripts/bench-runs`), and a collection is rare where activations are the hot path.
 const COLLECTABLE: &str = "state = 'available' AND published_at <= $2
     AND NOT EXISTS (SELECT 1 FROM skills s WHERE s.id = revisions.skill_id AND s.state = 'active' AND s.current_revision = revisions.revision)
-    AND NOT EXISTS (SELECT 1 FROM pins p JOIN runs r ON r.id = p.run_id
-                    WHERE p.skill_id = revisions.skill_id AND p.revision = revisions.revision AND r.state = 'active' AND r.expires_at > $1)";
+    AND (skill_id, revision) NOT IN (SELECT p.skill_id, p.revision FROM runs r JOIN pins p ON p.run_id = r.id
+                                     WHERE r.state = 'active' AND r.expires_at > $1)";
 
 /// A revision that collection took (or, dry, would take).
 #[derive(Debug, Clone)]

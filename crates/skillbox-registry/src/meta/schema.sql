@@ -83,11 +83,15 @@ CREATE TABLE IF NOT EXISTS runs (
 
 CREATE INDEX IF NOT EXISTS runs_live ON runs (state, expires_at);
 
+-- The two tables every activation reads (`run_skills`) or writes (`pins`) are their primary
+-- key's B-tree on SQLite (`WITHOUT ROWID`, which PostgreSQL's schema leaves out): one descent
+-- per lookup and one leaf written per new pin, where a rowid table and its key's index took
+-- two. Databases made before are rebuilt so when they are opened.
 CREATE TABLE IF NOT EXISTS run_skills (
     run_id TEXT NOT NULL,
     skill_name TEXT NOT NULL,
     skill_id TEXT NOT NULL,
-    PRIMARY KEY (run_id, skill_name));
+    PRIMARY KEY (run_id, skill_name)) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS pins (
     run_id TEXT NOT NULL,
@@ -96,9 +100,11 @@ CREATE TABLE IF NOT EXISTS pins (
     revision BIGINT NOT NULL,
     digest TEXT NOT NULL,
     activated_at BIGINT NOT NULL,
-    PRIMARY KEY (run_id, skill_id));
+    PRIMARY KEY (run_id, skill_id)) WITHOUT ROWID;
 
-CREATE INDEX IF NOT EXISTS pins_revision ON pins (skill_id, revision);
+-- No index by revision (collection finds pinned revisions through the live runs, see
+-- `COLLECTABLE`): it cost every new pin a second random page. Databases made before drop it.
+DROP INDEX IF EXISTS pins_revision;
 
 -- Execution nodes (SPEC §7.3): one row per node identity, updated at every registration (a
 -- restarted node gives its new address and gets a new secret) and heartbeat. A node belongs
