@@ -439,8 +439,8 @@ mod tests {
     use super::*;
 
     /// A database whose `pins` and `run_skills` an older version made as rowid tables (with
-    /// `pins_revision`) opens with both rebuilt `WITHOUT ROWID`, every row kept, and opens
-    /// again without rebuilding anything.
+    /// `pins_revision`) opens with both rebuilt `WITHOUT ROWID`, every row kept; a second
+    /// open finds the same layout and rows.
     #[tokio::test]
     async fn an_older_database_gets_its_tables_rebuilt_and_keeps_its_rows() {
         let dir = tempfile::tempdir().unwrap();
