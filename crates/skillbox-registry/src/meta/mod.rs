@@ -279,18 +279,46 @@ impl MetaStore {
             sqlx::AnyConnection::connect(url).await?.close().await?;
         }
         let pool = opts.clone().connect(url).await?;
-        let writer = match dialect {
+        let (writer, pin_writer) = match dialect {
             // No ping before each acquire: the connection is to a local file, and a ping is
             // one more round trip to its worker thread ahead of every pin batch.
             Dialect::Sqlite => {
-                opts.max_connections(1)
+                let writer = opts
+                    .max_connections(1)
                     .test_before_acquire(false)
                     .connect(url)
-                    .await?
+                    .await?;
+                (writer.clone(), writer)
             }
-            Dialect::Postgres => pool.clone(),
+            // The pin batches get connections of their own, one per batch in flight, whose
+            // planner never scans a whole table nor hashes one for a join. It plans a batch's
+            // statement once per connection for any number of requests, so it cannot know
+            // how few a batch holds (it assumes 100), and on a table of a few thousand runs
+            // it chose to read them all rather than look up a handful by key: with two
+            // servers a generic plan did so in some sessions, and PostgreSQL spent 2.5 times
+            // the CPU per pin (`scripts/bench-scale-out`). Each statement of the pin writer
+            // finds its rows by primary key.
+            Dialect::Postgres => {
+                let pins = AnyPoolOptions::new()
+                    .max_connections(runs::PinWriter::in_flight(dialect) as u32)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            use sqlx::Executor;
+                            conn.execute(
+                                "SET enable_seqscan = off; SET enable_hashjoin = off; \
+                                 SET enable_mergejoin = off",
+                            )
+                            .await?;
+                            Ok(())
+                        })
+                    })
+                    .connect(url)
+                    .await?;
+                (pool.clone(), pins)
+            }
         };
-        let pins = runs::PinWriter::start(writer.clone(), pool.clone(), dialect);
+        let pins = runs::PinWriter::start(pin_writer, pool.clone(), dialect);
         let store = MetaStore {
             pool,
             writer,

@@ -427,7 +427,7 @@ impl PinWriter {
     }
 
     /// Batches in flight at once: SQLite's one writer takes one at a time.
-    fn in_flight(dialect: Dialect) -> usize {
+    pub(crate) fn in_flight(dialect: Dialect) -> usize {
         match dialect {
             Dialect::Sqlite => 1,
             Dialect::Postgres => 4,
@@ -671,7 +671,7 @@ async fn pin_common(
                  {req} SELECT id, ttl_ms, expires_at FROM runs
                      WHERE id IN (SELECT run_id FROM req)",
                 insert = pin_insert(Dialect::Sqlite),
-                renew = renew("+"),
+                renew = renew(Dialect::Sqlite),
             );
             let text = match transaction {
                 Transaction::Open => statements,
@@ -737,46 +737,73 @@ enum Transaction {
 /// returning the pins written (`run_id, skill_name, skill_id, revision, digest,
 /// activated_at`).
 ///
-/// An existing pin is skipped: on PostgreSQL by `ON CONFLICT DO NOTHING` (after `WHERE true`,
-/// which SQLite would need to parse it after a join), on SQLite by `INSERT OR IGNORE`. Both
-/// skip only rows whose key exists (every other column comes from a `NOT NULL` one), but
-/// SQLite's upsert clause leaves the statement able to abort on another constraint, and a
-/// statement of many rows that can abort copies every page it changes into a statement
-/// journal first (7% of the pin writer's time in `scripts/bench-runs`); `OR IGNORE` cannot
-/// abort.
+/// An existing pin is skipped: on PostgreSQL by `ON CONFLICT DO NOTHING`, on SQLite by
+/// `INSERT OR IGNORE`. Both skip only rows whose key exists (every other column comes from a
+/// `NOT NULL` one), but SQLite's upsert clause leaves the statement able to abort on another
+/// constraint, and a statement of many rows that can abort copies every page it changes into
+/// a statement journal first (7% of the pin writer's time in `scripts/bench-runs`); `OR
+/// IGNORE` cannot abort.
+///
+/// On PostgreSQL each lookup is a `LATERAL` subquery that `OFFSET 0` keeps from being merged
+/// into a join: PostgreSQL plans the statement without knowing how many requests the JSON
+/// holds (it assumes 100), and its generic plan joined them to every live run by a hash of
+/// the whole `runs` table, which grew with the number of runs (`scripts/bench-scale-out`:
+/// 1.9 instead of 6.8 ms for a batch of 30 among 2,450 runs). This way every lookup is one
+/// probe of a primary key, whatever the table holds.
 fn pin_insert(dialect: Dialect) -> String {
-    let (insert, skip_existing) = match dialect {
-        Dialect::Sqlite => ("INSERT OR IGNORE", ""),
-        Dialect::Postgres => (
-            "INSERT",
-            "WHERE true FOR SHARE OF v ON CONFLICT (run_id, skill_id) DO NOTHING",
-        ),
-    };
-    format!(
-        "{insert} INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
+    const INTO: &str = "INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
          SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
-         FROM req
-         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
-             AND r.state = 'active' AND r.expires_at > req.now
-         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
-         JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
-         JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
-             AND v.revision = COALESCE(req.requested, s.current_revision)
-         {skip_existing}
-         RETURNING run_id, skill_name, skill_id, revision, digest, activated_at"
-    )
+         FROM req";
+    const RETURNING: &str =
+        "RETURNING run_id, skill_name, skill_id, revision, digest, activated_at";
+    match dialect {
+        Dialect::Sqlite => format!(
+            "INSERT OR IGNORE {INTO}
+             JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
+                 AND r.state = 'active' AND r.expires_at > req.now
+             JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
+             JOIN skills s ON s.id = rs.skill_id AND s.state = 'active'
+             JOIN revisions v ON v.skill_id = s.id AND v.state = 'available'
+                 AND v.revision = COALESCE(req.requested, s.current_revision)
+             {RETURNING}"
+        ),
+        Dialect::Postgres => format!(
+            "INSERT {INTO}
+             CROSS JOIN LATERAL (SELECT id FROM runs WHERE id = req.run_id
+                 AND workspace = req.workspace AND state = 'active' AND expires_at > req.now
+                 OFFSET 0) r
+             CROSS JOIN LATERAL (SELECT skill_id, skill_name FROM run_skills
+                 WHERE run_id = r.id AND skill_name = req.skill OFFSET 0) rs
+             CROSS JOIN LATERAL (SELECT current_revision FROM skills
+                 WHERE id = rs.skill_id AND state = 'active' OFFSET 0) s
+             CROSS JOIN LATERAL (SELECT revision, digest FROM revisions
+                 WHERE skill_id = rs.skill_id AND state = 'available'
+                     AND revision = COALESCE(req.requested, s.current_revision)
+                 OFFSET 0 FOR SHARE) v
+             ON CONFLICT (run_id, skill_id) DO NOTHING
+             {RETURNING}"
+        ),
+    }
 }
 
 /// [`pin_common`]'s lease renewal of the runs in `at (run_id, at)`: from the latest pin of
-/// each, and only while the run is live. `unindexed` prefixes the state and expiry terms:
-/// SQLite's `+` keeps its planner on the primary key (with the `runs_live` index on those
-/// columns it walked every live run, ~0.3 ms a batch of 4 in `scripts/bench-runs`).
-fn renew(unindexed: &str) -> String {
-    format!(
-        "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
-         WHERE id = at.run_id AND {unindexed}state = 'active' AND {unindexed}expires_at > at.at
-             AND expires_at - at.at < ttl_ms / 2"
-    )
+/// each, and only while the run is live. On SQLite the `+` before the state and expiry terms
+/// keeps the planner on the primary key (with the `runs_live` index on those columns it
+/// walked every live run, ~0.3 ms a batch of 4 in `scripts/bench-runs`); on PostgreSQL the
+/// `ANY` of the runs' ids does (see [`pin_insert`] for why its planner needs telling).
+fn renew(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => {
+            "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
+             WHERE id = at.run_id AND +state = 'active' AND +expires_at > at.at
+                 AND expires_at - at.at < ttl_ms / 2"
+        }
+        Dialect::Postgres => {
+            "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
+             WHERE id = ANY (ARRAY(SELECT run_id FROM at)) AND id = at.run_id
+                 AND state = 'active' AND expires_at > at.at AND expires_at - at.at < ttl_ms / 2"
+        }
+    }
 }
 
 /// `rows` rows of `columns` anonymous placeholders each, for a `VALUES` list: `(?, ?), (?, ?)`.
@@ -800,10 +827,11 @@ static PIN_COMMON_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::n
          renewed AS ({renew} RETURNING id, expires_at)
          SELECT ins.run_id, ins.skill_name, ins.skill_id, ins.revision, ins.digest,
              r.ttl_ms, COALESCE(renewed.expires_at, r.expires_at)
-         FROM ins JOIN runs r ON r.id = ins.run_id
+         FROM ins CROSS JOIN LATERAL (SELECT ttl_ms, expires_at FROM runs
+             WHERE id = ins.run_id OFFSET 0) r
          LEFT JOIN renewed ON renewed.id = ins.run_id",
         pin_insert(Dialect::Postgres),
-        renew = renew(""),
+        renew = renew(Dialect::Postgres),
     )
 });
 
