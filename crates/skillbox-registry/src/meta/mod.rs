@@ -294,10 +294,10 @@ impl MetaStore {
             // planner never scans a whole table nor hashes one for a join. It plans a batch's
             // statement once per connection for any number of requests, so it cannot know
             // how few a batch holds (it assumes 100), and on a table of a few thousand runs
-            // it chose to read them all rather than look up a handful by key: with two
-            // servers a generic plan did so in some sessions, and PostgreSQL spent 2.5 times
-            // the CPU per pin (`scripts/bench-scale-out`). Each statement of the pin writer
-            // finds its rows by primary key.
+            // it chose to read them all rather than look up a handful by key (with two
+            // servers `perf` caught such plans in some sessions even after the statement
+            // was written as key probes; see docs/BENCHMARKS.md). So each statement of the
+            // pin writer finds its rows by primary key whatever the statistics say.
             Dialect::Postgres => {
                 let pins = AnyPoolOptions::new()
                     .max_connections(runs::PinWriter::in_flight(dialect) as u32)
