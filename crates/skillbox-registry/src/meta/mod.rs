@@ -299,9 +299,8 @@ impl MetaStore {
             // was written as key probes; see docs/BENCHMARKS.md). So each statement of the
             // pin writer finds its rows by primary key whatever the statistics say.
             Dialect::Postgres => {
-                let pins = AnyPoolOptions::new()
+                let pins = opts
                     .max_connections(runs::PinWriter::in_flight(dialect) as u32)
-                    .acquire_timeout(Duration::from_secs(10))
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             use sqlx::Executor;
