@@ -604,11 +604,10 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_milli
 /// skill name walked every pin of the run, a row read each: 20% of new pins' throughput in
 /// `scripts/bench-runs`. PostgreSQL: one statement
 /// (the writes as data-modifying CTEs), atomic and durable by itself, so the group commit
-/// runs it outside a transaction: one round trip and one commit per batch. There the revision
-/// rows are share-locked (`FOR SHARE`), which orders the pins with collection's and
-/// revocation's updates of those rows as the long way's lock does, while activations of one
-/// revision do not wait for each other. A pin committed meanwhile by another transaction is no
-/// conflict: nothing is written, and the long way finds that pin. An existing pin is found
+/// runs it outside a transaction: one round trip and one commit per batch. There no row lock
+/// orders the pins with collection and revocation (see [`pin_insert`] for what does). A pin
+/// committed meanwhile by another transaction is no conflict: nothing is written, and the
+/// long way finds that pin. An existing pin is found
 /// the same way, by the conflict (a `NOT EXISTS` probe instead was planned by PostgreSQL as a
 /// scan of every pin of the skill per request).
 ///
@@ -750,6 +749,24 @@ enum Transaction {
 /// the whole `runs` table, which grew with the number of runs (`scripts/bench-scale-out`:
 /// 1.9 instead of 6.8 ms for a batch of 30 among 2,450 runs). This way every lookup is one
 /// probe of a primary key, whatever the table holds.
+///
+/// On PostgreSQL the revision row is read without a row lock, yet neither collection nor
+/// revocation can be interleaved with the pin:
+/// - Collection locks `pins` against inserts (`lock_for_gc`) before it reads which revisions
+///   are pinned, and the statement takes that table's lock before its snapshot: a pin
+///   statement under way holds collection back until it commits (collection then sees the
+///   pin), and one that starts during a collection waits, then sees what was collected.
+/// - A revocation that commits while a pin statement runs is concurrent with that
+///   activation, which takes effect first (its snapshot read the revision as available).
+///   Every later use of the pin asks the database or a pin cache the revocation emptied
+///   (the entry the activation stores carries the generation from before its pin, which
+///   the revocation bumped), and is refused with `revision_revoked`.
+///
+/// A share lock (`FOR SHARE`) did the same at a cost: PostgreSQL records each row lock in
+/// the row (a WAL record and a dirtied page per pinned revision per batch) and shares one
+/// row among concurrent batches through a multixact, which every further locker rewrites.
+/// With two servers that was more than half of PostgreSQL's CPU per pin
+/// (`scripts/bench-scale-out`: 6.7k new pins/s with it, 13.6k/s without).
 fn pin_insert(dialect: Dialect) -> String {
     const INTO: &str = "INTO pins (run_id, skill_id, skill_name, revision, digest, activated_at)
          SELECT r.id, rs.skill_id, rs.skill_name, v.revision, v.digest, req.now
@@ -770,8 +787,8 @@ fn pin_insert(dialect: Dialect) -> String {
         Dialect::Postgres => format!(
             "INSERT {INTO}
              CROSS JOIN LATERAL (SELECT id FROM runs WHERE id = req.run_id
-                 AND workspace = req.workspace AND state = 'active' AND expires_at > req.now
-                 OFFSET 0) r
+                 AND workspace = req.workspace AND state || '' = 'active'
+                 AND expires_at + 0 > req.now OFFSET 0) r
              CROSS JOIN LATERAL (SELECT skill_id, skill_name FROM run_skills
                  WHERE run_id = r.id AND skill_name = req.skill OFFSET 0) rs
              CROSS JOIN LATERAL (SELECT current_revision FROM skills
@@ -779,7 +796,7 @@ fn pin_insert(dialect: Dialect) -> String {
              CROSS JOIN LATERAL (SELECT revision, digest FROM revisions
                  WHERE skill_id = rs.skill_id AND state = 'available'
                      AND revision = COALESCE(req.requested, s.current_revision)
-                 OFFSET 0 FOR SHARE) v
+                 OFFSET 0) v
              ON CONFLICT (run_id, skill_id) DO NOTHING
              {RETURNING}"
         ),
@@ -787,10 +804,16 @@ fn pin_insert(dialect: Dialect) -> String {
 }
 
 /// [`pin_common`]'s lease renewal of the runs in `at (run_id, at)`: from the latest pin of
-/// each, and only while the run is live. On SQLite the `+` before the state and expiry terms
-/// keeps the planner on the primary key (with the `runs_live` index on those columns it
-/// walked every live run, ~0.3 ms a batch of 4 in `scripts/bench-runs`); on PostgreSQL the
-/// `ANY` of the runs' ids does (see [`pin_insert`] for why its planner needs telling).
+/// each, and only while the run is live. The state and expiry terms are kept from matching
+/// the `runs_live` index on those columns, so the planner stays on the primary key: with
+/// that index it walked every live run (SQLite: ~0.3 ms a batch of 4 in
+/// `scripts/bench-runs`; PostgreSQL: a bitmap scan of every active run with each one's id
+/// compared to every id of the batch, whenever its statistics said few runs were active,
+/// which halved two servers' new pins in some runs of `scripts/bench-scale-out` and not in
+/// others). SQLite's idiom is a `+` before the column; PostgreSQL's an expression
+/// (`state || ''`, `expires_at + 0`), and the `ANY` of the runs' ids gives its index scan a
+/// key (see [`pin_insert`] for why its planner needs telling). [`pin_insert`]'s run lookup
+/// on PostgreSQL is written the same way.
 fn renew(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Sqlite => {
@@ -801,7 +824,8 @@ fn renew(dialect: Dialect) -> &'static str {
         Dialect::Postgres => {
             "UPDATE runs SET expires_at = at.at + ttl_ms FROM at
              WHERE id = ANY (ARRAY(SELECT run_id FROM at)) AND id = at.run_id
-                 AND state = 'active' AND expires_at > at.at AND expires_at - at.at < ttl_ms / 2"
+                 AND state || '' = 'active' AND expires_at + 0 > at.at
+                 AND expires_at - at.at < ttl_ms / 2"
         }
     }
 }
