@@ -3,9 +3,12 @@
 //! A pin (run, skill id, revision, digest) is written once, in the same transaction that
 //! checks the run, the authorization, the skill and the revision; it never changes. Every
 //! instruction, read (and, with the box, execution) of the run goes through it: a run is never
-//! re-resolved by name. The revision row is locked while the pin is written
-//! (`UPDATE … SET state = state … RETURNING`) so a concurrent collection or revocation is
-//! ordered before or after the activation, never interleaved with it.
+//! re-resolved by name. A concurrent collection or revocation is ordered before or after the
+//! activation, never interleaved with it: on SQLite by the write lock; on PostgreSQL by
+//! collection's lock on the pins table, and for a revocation by the pin cache's generation,
+//! which makes every later use of a pin written during the revocation ask the database (see
+//! `meta::runs::pin_insert`). A request outside the common case (`pin_the_long_way`) locks
+//! the revision row itself (`UPDATE … SET state = state … RETURNING`).
 
 use crate::Registry;
 use crate::error::{RegistryError, Result};
@@ -176,7 +179,8 @@ impl Registry {
             .await?;
         let d: Digest = pin.digest.parse().map_err(RegistryError::internal)?;
         let manifest = if written {
-            // Its revision was available as the pin committed.
+            // Its revision was available as the pin was decided (a revocation since then
+            // bumped the pin cache's generation: the entry below is not kept).
             self.manifest(&d).await.map_err(|e| {
                 let reason = format!("its manifest cannot be loaded ({e})");
                 unavailable(skill, &pin.skill_id, pin.revision, reason)

@@ -192,8 +192,9 @@ impl MetaStore {
     }
 
     /// Pins `skill` in the run, once: its existing pin, else the requested (or current)
-    /// revision, whose row is locked while the pin is written; renews the run's lease. Says
-    /// whether the pin was written now (then the revision was available as it committed). The
+    /// revision, ordered with collection and revocation (see `pin_insert`); renews the run's
+    /// lease. Says whether the pin was written now (then the revision was available as the
+    /// pin was decided: a revocation committed meanwhile is ordered after it). The
     /// pin goes through the group commit ([`PinWriter`]): answered once the batch holding it
     /// is durable; an existing pin is found there too, by the write's own check.
     pub async fn pin(
