@@ -56,6 +56,15 @@ impl Sha256 {
         to_hex(&self.0)
     }
 
+    /// The lowercase hex as bytes, without allocating (for hot paths such as an ETag).
+    pub fn hex_bytes(&self) -> [u8; 64] {
+        let mut hex = [0; 64];
+        for (b, pair) in self.0.iter().zip(hex.chunks_exact_mut(2)) {
+            pair.copy_from_slice(&hex_pair(*b));
+        }
+        hex
+    }
+
     pub fn from_hex(s: &str) -> Option<Self> {
         let b = s.as_bytes();
         if b.len() != 64 {
@@ -79,13 +88,17 @@ fn hex_val(c: u8) -> Option<u8> {
 
 /// Lowercase hex of arbitrary bytes.
 pub fn to_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 0xf) as usize] as char);
+        s.extend(hex_pair(*b).map(char::from));
     }
     s
+}
+
+/// The two lowercase hex digits of a byte.
+fn hex_pair(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]
 }
 
 impl fmt::Display for Sha256 {
@@ -173,6 +186,10 @@ mod tests {
         assert_eq!(
             Sha256::of(b"abc").to_hex(),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            &Sha256::of(b"abc").hex_bytes(),
+            b"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
 

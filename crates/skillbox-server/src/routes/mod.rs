@@ -244,14 +244,10 @@ async fn file_response(
 /// read, where `format!` through the digest's `Display` (and a `String` for its hex) showed
 /// in `perf` of `scripts/bench-runs`.
 fn etag_of(sha256: &skillbox_package::Sha256) -> HeaderValue {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     const PREFIX: &[u8] = b"\"sha256:";
     let mut bytes = [b'"'; PREFIX.len() + 64 + 1];
     bytes[..PREFIX.len()].copy_from_slice(PREFIX);
-    for (i, b) in sha256.0.iter().enumerate() {
-        bytes[PREFIX.len() + 2 * i] = DIGITS[usize::from(b >> 4)];
-        bytes[PREFIX.len() + 2 * i + 1] = DIGITS[usize::from(b & 0xf)];
-    }
+    bytes[PREFIX.len()..PREFIX.len() + 64].copy_from_slice(&sha256.hex_bytes());
     HeaderValue::from_bytes(&bytes).expect("quotes, ASCII letters, digits and a colon")
 }
 
