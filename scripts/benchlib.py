@@ -10,6 +10,13 @@ def build_release():
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "skillbox"], cwd=ROOT, check=True)
 
 
+def test_server(script):
+    """Starts `scripts/<script>` (`postgres-test-server` or `s3-test-server`): returns its URL
+    and the command that stops it."""
+    run = subprocess.run([f"{ROOT}/scripts/{script}"], capture_output=True, text=True, check=True)
+    return run.stdout.strip(), [f"{ROOT}/scripts/{script}", "--stop", run.stderr.split()[1]]
+
+
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
