@@ -169,7 +169,7 @@ def test_runs_and_administration(page, server, workspace, tmp_path):
     assert "Would collect" in page.wait_for_selector("#gc-result p:not(.muted)").inner_text()
     page.click("#fsck-run")
     assert page.wait_for_selector("#fsck-result p.success").inner_text().startswith("OK")
-    assert "No execution nodes" in page.inner_text("#nodes")
+    assert "No execution nodes" in page.wait_for_selector("#nodes p.muted").inner_text()
     page.wait_for_selector("#metrics table")
 
 
@@ -193,6 +193,8 @@ def test_a_narrow_window_and_the_keyboard(page, server, workspace, tmp_path):
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= 390, f"the page scrolls sideways at 390 px: {width}"
     page.click("#nav a[data-nav=skills]")
+    # The list arrives after the page is drawn: search it once it is there.
+    page.wait_for_selector("#skills a[href='#/skills/hello']")
     page.fill("#search", "nothing-matches")
     assert "No skill matches" in page.inner_text("#skills")
 

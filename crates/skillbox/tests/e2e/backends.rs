@@ -10,7 +10,7 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A sandbox backend as a test starts the server with it.
 pub enum Backend {
@@ -223,14 +223,12 @@ impl Backend {
                         .is_some_and(|m| Path::new(m).starts_with(&root))
                 })
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while mounted() || image.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "the workspace of a finished run is still mounted or stored"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(
+            "the workspace of a finished run is still mounted or stored",
+            Duration::from_secs(30),
+            || !mounted() && !image.exists(),
+        )
+        .await;
         if let Backend::Docker(owner) = self {
             owner.assert_clean();
         }
@@ -450,14 +448,12 @@ async fn copy_mode_never_executes_a_bad_transfer(backend: Backend) {
     // Revocation removes the prepared copy.
     assert_eq!(backend.prepared_copies(dir.path(), &run), 1);
     revoke(&c, &s, "hello", 1, "bad").await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while backend.prepared_copies(dir.path(), &run) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the revoked revision's copy was not removed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the revoked revision's copy was not removed",
+        Duration::from_secs(10),
+        || backend.prepared_copies(dir.path(), &run) == 0,
+    )
+    .await;
     finish(&c, &s, &run).await;
     backend.assert_run_released(dir.path(), &run).await;
 }

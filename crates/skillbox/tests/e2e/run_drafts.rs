@@ -317,14 +317,12 @@ async fn ended_runs_release_their_sandbox() {
     let live = new_run(&c, &s, &["notes"]).await;
     sh(&c, &s, &short, None, "echo x > /workspace/x").await;
     sh(&c, &s, &live, None, "echo x > /workspace/x").await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while workspace(&short).exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "an expired run's workspace was never released"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    eventually(
+        "an expired run's workspace was never released",
+        std::time::Duration::from_secs(30),
+        || !workspace(&short).exists(),
+    )
+    .await;
     assert!(
         workspace(&live).join("x").exists(),
         "a live run's workspace is kept"
