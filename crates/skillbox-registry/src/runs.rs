@@ -540,15 +540,18 @@ pub(crate) enum Generation {
 pub(crate) struct GenerationFile {
     path: std::path::PathBuf,
     file: std::fs::File,
-    /// When the held file was last seen still linked (ms since the epoch); 0 once it was seen
-    /// removed.
-    linked_at: std::sync::atomic::AtomicI64,
+    /// When the held file was last seen still linked, in ms since `opened` (a monotonic clock:
+    /// a wall clock set back would stop the checks); [`Self::REMOVED`] once it was seen removed.
+    linked_at: std::sync::atomic::AtomicU64,
+    opened: std::time::Instant,
 }
 
 impl GenerationFile {
     /// How long a read trusts that the held file is still the path's file: an `fstat` on
     /// every pinned read was 4.7% of the server's CPU in `scripts/bench-runs` (a 4 KiB read).
-    const LINK_CHECK_EVERY_MS: i64 = 100;
+    const LINK_CHECK_EVERY_MS: u64 = 100;
+
+    const REMOVED: u64 = u64::MAX;
 
     /// Added to the lengths of the path's file, read once the held one was removed: the two
     /// files' lengths are unrelated, and an entry tagged with one must not match the other.
@@ -559,7 +562,8 @@ impl GenerationFile {
         Ok(GenerationFile {
             path,
             file,
-            linked_at: now_ms().into(),
+            linked_at: 0.into(),
+            opened: std::time::Instant::now(),
         })
     }
 
@@ -587,15 +591,16 @@ impl GenerationFile {
         use std::io::Seek;
         use std::sync::atomic::Ordering::Relaxed;
         let linked_at = self.linked_at.load(Relaxed);
-        if linked_at != 0 {
-            let now = now_ms();
-            if now - linked_at < Self::LINK_CHECK_EVERY_MS || self.held().is_some() {
-                if now - linked_at >= Self::LINK_CHECK_EVERY_MS {
+        if linked_at != Self::REMOVED {
+            let now = self.opened.elapsed().as_millis() as u64;
+            let due = now.saturating_sub(linked_at) >= Self::LINK_CHECK_EVERY_MS;
+            if !due || self.held().is_some() {
+                if due {
                     self.linked_at.store(now, Relaxed);
                 }
                 return (&self.file).seek(std::io::SeekFrom::End(0)).ok();
             }
-            self.linked_at.store(0, Relaxed);
+            self.linked_at.store(Self::REMOVED, Relaxed);
         }
         std::fs::metadata(&self.path)
             .ok()
@@ -765,7 +770,7 @@ mod tests {
         let c = GenerationFile::open(path.clone()).unwrap();
         c.bump().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(
-            GenerationFile::LINK_CHECK_EVERY_MS as u64 + 50,
+            GenerationFile::LINK_CHECK_EVERY_MS + 50,
         ));
         let after_c = a.len().unwrap();
         assert!(
