@@ -223,12 +223,13 @@ impl Backend {
                         .is_some_and(|m| Path::new(m).starts_with(&root))
                 })
         };
-        eventually(
-            "the workspace of a finished run is still mounted or stored",
-            Duration::from_secs(30),
-            || !mounted() && !image.exists(),
-        )
-        .await;
+        assert!(
+            holds_within(Duration::from_secs(30), || async {
+                !mounted() && !image.exists()
+            })
+            .await,
+            "the workspace of a finished run is still mounted or stored"
+        );
         if let Backend::Docker(owner) = self {
             owner.assert_clean();
         }
@@ -448,12 +449,13 @@ async fn copy_mode_never_executes_a_bad_transfer(backend: Backend) {
     // Revocation removes the prepared copy.
     assert_eq!(backend.prepared_copies(dir.path(), &run), 1);
     revoke(&c, &s, "hello", 1, "bad").await;
-    eventually(
-        "the revoked revision's copy was not removed",
-        Duration::from_secs(10),
-        || backend.prepared_copies(dir.path(), &run) == 0,
-    )
-    .await;
+    assert!(
+        holds_within(Duration::from_secs(10), || async {
+            backend.prepared_copies(dir.path(), &run) == 0
+        })
+        .await,
+        "the revoked revision's copy was not removed"
+    );
     finish(&c, &s, &run).await;
     backend.assert_run_released(dir.path(), &run).await;
 }

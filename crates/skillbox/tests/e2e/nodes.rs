@@ -406,12 +406,10 @@ async fn executions_through_core_run_on_a_node_with_exactly_the_runs_pins() {
         .send()
         .await
         .unwrap();
-    eventually(
-        "the node kept the workspace of a finished run",
-        Duration::from_secs(30),
-        || !image.exists(),
-    )
-    .await;
+    assert!(
+        holds_within(Duration::from_secs(30), || async { !image.exists() }).await,
+        "the node kept the workspace of a finished run"
+    );
 }
 
 async fn the_node_state(c: &reqwest::Client, core: &Server, id: &str, state: &str) {
@@ -505,12 +503,10 @@ async fn a_revocation_kills_the_revisions_executions_on_nodes_and_removes_its_co
     );
     // Core relays the revocation to its nodes in the background: the node kills first, and
     // the killed execution's answer can overtake the removal of the tree.
-    eventually(
-        "the node never removed the revoked revision's tree",
-        Duration::from_secs(10),
-        || !tree.exists(),
-    )
-    .await;
+    assert!(
+        holds_within(Duration::from_secs(10), || async { !tree.exists() }).await,
+        "the node never removed the revoked revision's tree"
+    );
     let (st, v) = exec(&c, &core, &run, json!({"command": "true"})).await;
     assert_eq!((st, error_code(&v)), (410, "revision_revoked"), "{v}");
 }

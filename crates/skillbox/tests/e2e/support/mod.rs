@@ -512,16 +512,6 @@ pub async fn hello_run_on(s: Server) -> (Server, reqwest::Client, String) {
     (s, c, run)
 }
 
-/// Waits until `holds` is true, panicking with `what` after `within`. For effects that
-/// follow an answer asynchronously (a node told of a revocation, a released sandbox).
-pub async fn eventually(what: &str, within: Duration, mut holds: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !holds() {
-        assert!(Instant::now() < deadline, "{what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Waits (at most two minutes) for the failpoint under `envs` to be reached.
 pub async fn wait_for_failpoint(envs: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
