@@ -33,6 +33,7 @@ macro_rules! from_row {
 mod drafts;
 mod events;
 mod nodes;
+mod pin_sync;
 mod revisions;
 mod runs;
 mod skills;
@@ -235,6 +236,16 @@ pub fn new_id() -> String {
     skillbox_package::digest::to_hex(&b)
 }
 
+/// The WAL file of the SQLite database `writer` is connected to; `None` for a database in
+/// memory (it has no file to flush).
+async fn sqlite_wal(writer: &AnyPool) -> Result<Option<std::path::PathBuf>> {
+    let file: String =
+        sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+            .fetch_one(writer)
+            .await?;
+    Ok((!file.is_empty()).then(|| format!("{file}-wal").into()))
+}
+
 /// Checks, inside a write transaction, that content written before it is still present.
 pub type PresenceCheck<'a> =
     &'a (dyn Fn() -> futures_util::future::BoxFuture<'static, Result<bool>> + Send + Sync);
@@ -317,7 +328,11 @@ impl MetaStore {
                 (pool.clone(), pins)
             }
         };
-        let pins = runs::PinWriter::start(pin_writer, pool.clone(), dialect);
+        let wal = match dialect {
+            Dialect::Sqlite => sqlite_wal(&writer).await?,
+            Dialect::Postgres => None,
+        };
+        let pins = runs::PinWriter::start(pin_writer, pool.clone(), dialect, wal);
         let store = MetaStore {
             pool,
             writer,

@@ -172,6 +172,8 @@ impl MetaStore {
             })
             .collect::<Result<_>>()?;
         tx.commit().await?;
+        // Its pins and lease may be a pin batch's, committed but not flushed yet.
+        self.pins.reads_are_durable().await?;
         Ok(Some(RunRecord {
             row,
             authorized,
@@ -253,6 +255,8 @@ impl MetaStore {
         .fetch_optional(self.pool())
         .await?;
         let Some(row) = row else { return Ok(None) };
+        // The pin and lease may be a pin batch's, committed but not flushed yet.
+        self.pins.reads_are_durable().await?;
         let skill_id: Option<String> = row.try_get(3)?;
         let pin = match skill_id {
             None => None,
@@ -379,8 +383,18 @@ struct PinStats {
 impl PinStats {
     /// One durable commit that wrote `written` pins.
     fn committed(&self, written: u64) {
-        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.flushed();
+        self.wrote(written);
+    }
+
+    /// Pins committed, to be made durable by a later flush.
+    fn wrote(&self, written: u64) {
         self.written.fetch_add(written, Ordering::Relaxed);
+    }
+
+    /// One flush that made pins durable.
+    fn flushed(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -396,6 +410,15 @@ impl PinStats {
 pub(crate) struct PinWriter {
     queue: Option<tokio::sync::mpsc::UnboundedSender<(PinRequest, PinReply)>>,
     stats: Arc<PinStats>,
+    /// SQLite with its WAL flushed beside the writer ([`pin_sync`]): which batches are durable.
+    durability: Option<Arc<pin_sync::Durability>>,
+}
+
+/// The WAL flusher's end of [`PinWriter`], on SQLite: batches are numbered, committed without
+/// their own fsync, and handed over to be flushed and answered.
+struct DeferredFlush {
+    durability: Arc<pin_sync::Durability>,
+    flushes: pin_sync::Flushes<(LivePin, bool)>,
 }
 
 impl PinWriter {
@@ -403,12 +426,33 @@ impl PinWriter {
     const MAX_BATCH: usize = 512;
 
     /// Starts the writer task on `writer` (SQLite's one-connection pool, or PostgreSQL's
-    /// pool); on SQLite also the WAL checkpoints, on a connection of `readers`. Both end when
-    /// the last store holding the queue is dropped.
-    pub(crate) fn start(writer: AnyPool, readers: AnyPool, dialect: Dialect) -> Self {
+    /// pool); on SQLite also the WAL checkpoints, on a connection of `readers`, and, given the
+    /// database's WAL file, its flusher ([`pin_sync`]). They end when the last store holding
+    /// the queue is dropped. Without a WAL file (a database in memory) each batch's commit
+    /// flushes by itself.
+    pub(crate) fn start(
+        writer: AnyPool,
+        readers: AnyPool,
+        dialect: Dialect,
+        wal: Option<std::path::PathBuf>,
+    ) -> Self {
         let (queue, requests) = tokio::sync::mpsc::unbounded_channel();
         let stats = Arc::<PinStats>::default();
-        let write = Self::write_batches(writer, dialect, requests, stats.clone());
+        let deferred = wal.and_then(|wal| {
+            let flushed = stats.clone();
+            match pin_sync::start(wal, move || flushed.flushed()) {
+                Ok((durability, flushes)) => Some(DeferredFlush {
+                    durability,
+                    flushes,
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no WAL flusher thread: each pin batch flushes in its commit");
+                    None
+                }
+            }
+        });
+        let durability = deferred.as_ref().map(|d| d.durability.clone());
+        let write = Self::write_batches(writer, dialect, requests, stats.clone(), deferred);
         match dialect {
             Dialect::Sqlite => {
                 tokio::spawn(async move {
@@ -424,6 +468,16 @@ impl PinWriter {
         PinWriter {
             queue: Some(queue),
             stats,
+            durability,
+        }
+    }
+
+    /// See [`pin_sync::Durability::reads_are_durable`]; at once where commits flush by
+    /// themselves.
+    async fn reads_are_durable(&self) -> Result<()> {
+        match &self.durability {
+            Some(durability) => durability.reads_are_durable().await,
+            None => Ok(()),
         }
     }
 
@@ -440,7 +494,9 @@ impl PinWriter {
         dialect: Dialect,
         mut requests: tokio::sync::mpsc::UnboundedReceiver<(PinRequest, PinReply)>,
         stats: Arc<PinStats>,
+        deferred: Option<DeferredFlush>,
     ) {
+        let deferred = deferred.map(Arc::new);
         let slots = Arc::new(tokio::sync::Semaphore::new(Self::in_flight(dialect)));
         loop {
             // A slot first, then the requests: those arriving while every slot is busy
@@ -452,9 +508,9 @@ impl PinWriter {
             if requests.recv_many(&mut batch, Self::MAX_BATCH).await == 0 {
                 return;
             }
-            let (writer, stats) = (writer.clone(), stats.clone());
+            let (writer, stats, deferred) = (writer.clone(), stats.clone(), deferred.clone());
             let write = async move {
-                Self::write_and_answer(&writer, dialect, batch, &stats).await;
+                Self::write_and_answer(&writer, dialect, batch, &stats, deferred.as_deref()).await;
                 drop(slot);
             };
             if dialect == Dialect::Sqlite {
@@ -465,14 +521,20 @@ impl PinWriter {
         }
     }
 
-    /// Writes a batch and answers each of its callers.
+    /// Writes a batch and answers each of its callers: at once when its commit flushed by
+    /// itself, else once the flusher made it durable.
     async fn write_and_answer(
         writer: &AnyPool,
         dialect: Dialect,
         batch: Vec<(PinRequest, PinReply)>,
         stats: &PinStats,
+        deferred: Option<&DeferredFlush>,
     ) {
-        let answers = match Self::write_together(writer, dialect, &batch, stats).await {
+        let (number, commit) = match deferred {
+            Some(d) => (d.durability.start_batch(), Transaction::OwnUnflushed),
+            None => (0, Transaction::Own),
+        };
+        let answers = match Self::write_together(writer, dialect, &batch, stats, commit).await {
             Ok(answers) => answers,
             // A database error anywhere (on PostgreSQL also a deadlock with a concurrent batch)
             // rolled the whole batch back: each pin again in a transaction of its own, so each
@@ -485,7 +547,38 @@ impl PinWriter {
                 answers
             }
         };
-        for ((_, reply), answer) in batch.into_iter().zip(answers) {
+        let answers: Vec<_> = batch
+            .into_iter()
+            .map(|(_, reply)| reply)
+            .zip(answers)
+            .collect();
+        let answers = match deferred {
+            Some(d) => {
+                let written = answers.iter().filter(|(_, a)| matches!(a, Ok((_, true))));
+                let written = written.count() as u64;
+                let batch = pin_sync::CommittedBatch {
+                    number,
+                    written,
+                    answers,
+                };
+                match d.flushes.send(batch) {
+                    Ok(()) => return,
+                    // The flusher is gone (it could not have ended otherwise): no answer may
+                    // leave before a flush.
+                    Err(mpsc_error) => mpsc_error
+                        .0
+                        .answers
+                        .into_iter()
+                        .map(|(reply, _)| {
+                            let e = RegistryError::broken("the pin batches' WAL flusher stopped");
+                            (reply, Err(e))
+                        })
+                        .collect(),
+                }
+            }
+            None => answers,
+        };
+        for (reply, answer) in answers {
             // The caller may have gone (its request was cancelled): the pin stays.
             let _ = reply.send(answer);
         }
@@ -503,18 +596,17 @@ impl PinWriter {
         dialect: Dialect,
         batch: &[(PinRequest, PinReply)],
         stats: &PinStats,
+        commit: Transaction,
     ) -> Result<Vec<Result<(LivePin, bool)>>> {
         let requests: Vec<&PinRequest> = batch.iter().map(|(r, _)| r).collect();
         // The common case commits by itself (SQLite: one query from BEGIN IMMEDIATE to
         // COMMIT; PostgreSQL: one statement); the rest (if any) get a transaction of their own.
-        let mut fresh = pin_common(
-            &mut *writer.acquire().await?,
-            dialect,
-            Transaction::Own,
-            &requests,
-        )
-        .await?;
-        stats.committed(fresh.len() as u64);
+        let mut fresh =
+            pin_common(&mut *writer.acquire().await?, dialect, commit, &requests).await?;
+        match commit {
+            Transaction::OwnUnflushed => stats.wrote(fresh.len() as u64),
+            _ => stats.committed(fresh.len() as u64),
+        }
         let mut tx: Option<Tx> = None;
         // Pins written in `tx`, whose commit is still to come.
         let mut written = 0;
@@ -673,9 +765,15 @@ async fn pin_common(
                 insert = pin_insert(Dialect::Sqlite),
                 renew = renew(Dialect::Sqlite),
             );
+            // `synchronous` is the connection's: FULL again right after the commit, for the
+            // writer's other transactions.
             let text = match transaction {
                 Transaction::Open => statements,
                 Transaction::Own => format!("BEGIN IMMEDIATE; {statements}; COMMIT"),
+                Transaction::OwnUnflushed => format!(
+                    "PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE; {statements}; COMMIT; \
+                     PRAGMA synchronous = FULL"
+                ),
             };
             // Anonymous parameters are taken in order through the query: one set of the
             // requests for each statement that lists them.
@@ -694,10 +792,19 @@ async fn pin_common(
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
                 Err(e) => {
-                    if transaction == Transaction::Own {
+                    if transaction != Transaction::Open {
                         // Whatever statement failed, nothing of the batch stays: the
-                        // connection goes back to its pool with no transaction open.
+                        // connection goes back to its pool with no transaction open, and
+                        // flushing in its commits.
                         let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                        if let Err(e) = sqlx::query("PRAGMA synchronous = FULL")
+                            .execute(&mut *conn)
+                            .await
+                        {
+                            // Only inside a transaction that would not roll back: the
+                            // connection is broken, and its next statement says so.
+                            tracing::error!(error = %e, "the pin writer's connection could not be set back to flush at commit");
+                        }
                     }
                     return Err(e.into());
                 }
@@ -726,11 +833,14 @@ async fn pin_common(
     Ok(pins)
 }
 
-/// Whether [`pin_common`] runs inside a transaction the caller opened, or commits by itself.
+/// Whether [`pin_common`] runs inside a transaction the caller opened, or commits by itself:
+/// on SQLite either with the commit's own WAL fsync, or without it, when the caller has the
+/// batch flushed before it answers ([`pin_sync`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Transaction {
     Open,
     Own,
+    OwnUnflushed,
 }
 
 /// [`pin_common`]'s insert of a pin for every request of `req` that is the common case,
@@ -1082,6 +1192,11 @@ mod tests {
     /// nothing written and no transaction open on the writer's connection.
     #[tokio::test]
     async fn a_failed_batch_rolls_back_and_leaves_no_transaction_open() {
+        /// The writer connection's `synchronous` (2: FULL, a WAL fsync in every commit).
+        async fn synchronous(writer: &AnyPool) -> i64 {
+            let level = sqlx::query_scalar("PRAGMA synchronous").fetch_one(writer);
+            level.await.unwrap()
+        }
         let dir = tempfile::tempdir().unwrap();
         let r = Registry::open(RegistryConfig::new(dir.path()))
             .await
@@ -1099,11 +1214,14 @@ mod tests {
         let failed = pin_common(
             &mut writer.acquire().await.unwrap(),
             Dialect::Sqlite,
-            Transaction::Own,
+            Transaction::OwnUnflushed,
             &[&request],
         )
         .await;
         assert!(failed.is_err(), "the trigger refuses the insert");
+        // The batch's commit was to leave its flush to the flusher; the writer's other
+        // transactions flush in their commits again.
+        assert_eq!(synchronous(writer).await, 2);
         // Inside a transaction left open, BEGIN would fail ("cannot start a transaction
         // within a transaction").
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await.unwrap();
@@ -1121,6 +1239,7 @@ mod tests {
         let (pin, written) = r.meta.pin("ws", &run, "a", None, now_ms()).await.unwrap();
         assert!(written);
         assert_eq!(pin.revision, 1);
+        assert_eq!(synchronous(writer).await, 2);
     }
 
     /// One batch mixing the common case (written by the batch's one `INSERT … SELECT`) with
@@ -1193,9 +1312,15 @@ mod tests {
             request(&renewing.run_id, "b", None), // new, and renews the run's lease
         ];
         let stats = PinStats::default();
-        let answers = PinWriter::write_together(r.meta.writer(), r.meta.dialect(), &batch, &stats)
-            .await
-            .unwrap();
+        let answers = PinWriter::write_together(
+            r.meta.writer(),
+            r.meta.dialect(),
+            &batch,
+            &stats,
+            Transaction::Own,
+        )
+        .await
+        .unwrap();
         let pinned = |i: usize| match &answers[i] {
             Ok((pin, wrote)) => (pin.revision, *wrote),
             Err(e) => panic!("request {i}: {e:?}"),

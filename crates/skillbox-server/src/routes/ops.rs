@@ -59,7 +59,7 @@ pub async fn metrics(State(s): State<SharedState>) -> Response {
     let counters = [
         (
             "skillbox_pin_commits_total",
-            "Durable commits that wrote activations' pins (grouped on SQLite: one WAL fsync each).",
+            "Durable commits that wrote activations' pins (on SQLite: WAL flushes, each covering one or more batches).",
             pin_commits,
         ),
         (
