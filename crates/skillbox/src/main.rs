@@ -49,8 +49,8 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run the skillbox server.
     Serve(Box<serve::ServeArgs>),
-    /// Run an execution node that registers with Core (SPEC §7.3; executions on nodes are in
-    /// progress).
+    /// Run an execution node: it registers with Core (SPEC §7.3) and runs the executions that
+    /// a Core started with `serve --box remote` places on it.
     Node(Box<node::NodeArgs>),
     #[command(flatten)]
     Client(client::ClientCommand),
