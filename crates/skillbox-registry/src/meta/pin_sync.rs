@@ -3,8 +3,8 @@
 //! activation is answered once a flush that began after its batch committed has returned.
 //!
 //! SQLite's `synchronous = FULL` fsyncs the WAL inside every commit, while the write lock is
-//! held: one batch's flush and the next batch's statements could not overlap, and the disk's
-//! flush time (~0.3 ms here) stood in every activation's path twice over at low concurrency.
+//! held: one batch's flush and the next batch's statements could not overlap, and an
+//! activation that arrived during a flush (~0.3 ms here) waited for it and then for its own.
 //! With `synchronous = NORMAL` for the batch's commit alone (see `pin_common`) and the flush
 //! here, what an activation waits for is the same: its pin is in the WAL, synced, before its
 //! answer leaves.
