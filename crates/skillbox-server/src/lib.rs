@@ -15,6 +15,7 @@
 //! - `/healthz`, Prometheus `/metrics`, `/openapi.json` from the route table in [`openapi`].
 
 pub mod auth;
+mod connection_threads;
 pub mod console;
 pub mod error;
 pub mod extract;
@@ -55,6 +56,9 @@ pub struct ConnectionLimits {
     /// Longest a client may take to send a request's headers (and to start the next request
     /// on a kept-alive connection).
     pub header_timeout: Duration,
+    /// Threads that serve connections, each its own single-threaded runtime (see
+    /// `connection_threads`); 0 serves them on the caller's runtime.
+    pub threads: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -62,6 +66,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             max_connections: 4096,
             header_timeout: Duration::from_secs(10),
+            threads: 0,
         }
     }
 }
@@ -177,6 +182,14 @@ pub fn spawn_revocation_killer(state: SharedState) {
     });
 }
 
+/// An accepted connection on its way to the task that serves it.
+enum Handover {
+    /// On the accepting runtime's reactor: served there.
+    Registered(tokio::net::TcpStream),
+    /// Taken off it, for a connection thread's.
+    Unregistered(std::net::TcpStream),
+}
+
 /// How long a shutdown waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -193,6 +206,10 @@ pub async fn serve(
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut shutdown = std::pin::pin!(shutdown);
+    let threads = match limits.threads {
+        0 => None,
+        n => Some(connection_threads::ConnectionThreads::start(n)?),
+    };
     loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -213,8 +230,30 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stop_rx.clone();
-        tokio::spawn(async move {
+        // A socket moves to another runtime's reactor as a std socket (deregistered here,
+        // registered there).
+        let (stream, target) = match &threads {
+            None => (Handover::Registered(stream), None),
+            Some(threads) => match stream.into_std() {
+                Ok(s) => (Handover::Unregistered(s), Some(threads.next())),
+                Err(e) => {
+                    tracing::warn!(error = %e, "handing a connection to its thread failed");
+                    continue;
+                }
+            },
+        };
+        let task = async move {
             let _permit = permit;
+            let stream = match stream {
+                Handover::Registered(s) => s,
+                Handover::Unregistered(s) => match tokio::net::TcpStream::from_std(s) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "registering a connection on its thread failed");
+                        return;
+                    }
+                },
+            };
             // A client that does not finish its request headers in time is dropped
             // (slowloris); so is one idle between requests for as long.
             let conn = hyper::server::conn::http1::Builder::new()
@@ -230,7 +269,11 @@ pub async fn serve(
                     let _ = conn.await;
                 }
             }
-        });
+        };
+        match target {
+            Some(thread) => drop(thread.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
     }
     drop(listener);
     let _ = stop_tx.send(true);

@@ -39,6 +39,10 @@ pub struct ServeArgs {
     /// Most client connections open at once (more wait in the listen backlog).
     #[arg(long, env = "SKILLBOX_MAX_CONNECTIONS", default_value_t = skillbox_server::ConnectionLimits::default().max_connections)]
     pub max_connections: usize,
+    /// Threads that serve client connections, each with its own event loop (a connection stays
+    /// on one thread); 0 serves them on the shared work-stealing runtime. Default: one per core.
+    #[arg(long, env = "SKILLBOX_CONNECTION_THREADS")]
+    pub connection_threads: Option<usize>,
     /// Seconds a client may take to send a request's headers before it is dropped.
     #[arg(long, env = "SKILLBOX_HEADER_TIMEOUT", default_value_t = 10)]
     pub header_timeout: u64,
@@ -203,6 +207,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 connections: skillbox_server::ConnectionLimits {
                     max_connections: a.max_connections,
                     header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
+                    threads: a.connection_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
                 },
             },
             metrics: Default::default(),

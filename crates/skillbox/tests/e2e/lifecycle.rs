@@ -440,22 +440,63 @@ async fn sigterm_stops_the_server_with_an_event_stream_open() {
         .await
         .unwrap();
     assert_eq!(stream.status(), 200);
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &s.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let mut exited = None;
-    for _ in 0..600 {
-        if let Some(status) = s.child.try_wait().unwrap() {
-            exited = Some(status);
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let exited = s.terminate().await;
     drop(stream);
     assert!(
         exited.is_some(),
         "the server did not stop within a minute of SIGTERM"
     );
+}
+
+/// Connections are served whichever way they are spread: on the shared runtime
+/// (`--connection-threads 0`) or handed to connection threads (three: more than this
+/// machine's cores, so threads share connections and cores). Many clients at once, each on its
+/// own connection, read the run's pinned file beside an event stream held open; SIGTERM then
+/// stops the server with success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_thread_setting_serves_concurrent_clients_and_stops() {
+    for threads in ["0", "3"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut s, c, run) = hello_run(dir.path(), &["--connection-threads", threads]).await;
+        let events = c
+            .get(s.ws("acme", "events"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(events.status(), 200);
+        let url = s.ws("acme", &format!("runs/{run}/skills/hello/files/SKILL.md"));
+        let mut clients = tokio::task::JoinSet::new();
+        for _ in 0..24 {
+            let url = url.clone();
+            clients.spawn(async move {
+                let own_connection = http();
+                let mut bodies = Vec::new();
+                for _ in 0..5 {
+                    let r = own_connection
+                        .get(&url)
+                        .bearer_auth(ADMIN)
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                    bodies.push(r.text().await.unwrap());
+                }
+                bodies
+            });
+        }
+        let mut answers = 0;
+        while let Some(bodies) = clients.join_next().await {
+            for body in bodies.unwrap() {
+                assert!(body.contains("hello v1"), "threads {threads}: {body}");
+                answers += 1;
+            }
+        }
+        assert_eq!(answers, 24 * 5);
+        let exited = s.terminate().await;
+        drop(events);
+        let status = exited
+            .unwrap_or_else(|| panic!("threads {threads}: no exit within a minute of SIGTERM"));
+        assert!(status.success(), "threads {threads}: {status}");
+    }
 }

@@ -100,6 +100,23 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM; the exit status, or `None` when the server has not exited within a
+    /// minute.
+    pub async fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let term = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        for _ in 0..600 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    }
+
     pub fn ws(&self, ws: &str, rest: &str) -> String {
         format!("{}/v1/workspaces/{ws}/{rest}", self.url)
     }
