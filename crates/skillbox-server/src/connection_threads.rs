@@ -6,7 +6,7 @@
 //! the shared reactor is often run by the other worker, with a futex wake-up per hand-off;
 //! pinned to one thread as nginx's workers are, pinned 4 KiB reads went from 77–83k/s to
 //! 83–101k/s and new-pin activations from 17.2k/s to 18.7–20.1k/s on a 2-core machine
-//! (docs/BENCHMARKS.md, ninth session). Everything else (background upkeep, the registry's
+//! (docs/BENCHMARKS.md, tenth session). Everything else (background upkeep, the registry's
 //! own threads) stays on the main runtime; handlers' `spawn_blocking` uses the connection
 //! thread's blocking pool.
 //!
