@@ -182,14 +182,6 @@ pub fn spawn_revocation_killer(state: SharedState) {
     });
 }
 
-/// An accepted connection on its way to the task that serves it.
-enum Handover {
-    /// On the accepting runtime's reactor: served there.
-    Registered(tokio::net::TcpStream),
-    /// Taken off it, for a connection thread's.
-    Unregistered(std::net::TcpStream),
-}
-
 /// How long a shutdown waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -210,6 +202,7 @@ pub async fn serve(
         0 => None,
         n => Some(connection_threads::ConnectionThreads::start(n)?),
     };
+    let here = tokio::runtime::Handle::current();
     loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -230,29 +223,24 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stop_rx.clone();
-        // A socket moves to another runtime's reactor as a std socket (deregistered here,
-        // registered there).
-        let (stream, target) = match &threads {
-            None => (Handover::Registered(stream), None),
-            Some(threads) => match stream.into_std() {
-                Ok(s) => (Handover::Unregistered(s), Some(threads.next())),
-                Err(e) => {
-                    tracing::warn!(error = %e, "handing a connection to its thread failed");
-                    continue;
-                }
-            },
+        // The socket leaves this reactor as a std socket and is registered on the reactor of
+        // the runtime that serves it (once per connection, not per request).
+        let target = threads.as_ref().map_or(&here, |t| t.next());
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "handing a connection over failed");
+                continue;
+            }
         };
         let task = async move {
             let _permit = permit;
-            let stream = match stream {
-                Handover::Registered(s) => s,
-                Handover::Unregistered(s) => match tokio::net::TcpStream::from_std(s) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "registering a connection on its thread failed");
-                        return;
-                    }
-                },
+            let stream = match tokio::net::TcpStream::from_std(stream) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "registering a connection on its runtime failed");
+                    return;
+                }
             };
             // A client that does not finish its request headers in time is dropped
             // (slowloris); so is one idle between requests for as long.
@@ -270,10 +258,7 @@ pub async fn serve(
                 }
             }
         };
-        match target {
-            Some(thread) => drop(thread.spawn(task)),
-            None => drop(tokio::spawn(task)),
-        }
+        drop(target.spawn(task));
     }
     drop(listener);
     let _ = stop_tx.send(true);
