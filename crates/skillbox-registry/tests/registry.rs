@@ -626,6 +626,86 @@ async fn collection_and_revocation_racing_activations_never_leave_a_pin_unsafe(s
 }
 storage_test!(collection_and_revocation_racing_activations_never_leave_a_pin_unsafe);
 
+/// Activations that arrive together are written together, and those that are not a new pin of
+/// a live run (repeats of one pair, an unknown skill or revision, a finished run, a pin that
+/// exists but another server has not cached) each get their own answer from the same batches:
+/// one pin per pair, whichever server and request wrote it, and nothing for the rest.
+async fn activations_written_together_each_get_their_own_answer(storage: Storage) {
+    let (r, _dir) = open(storage).await;
+    let (other, _other_dir) = open_beside(&r).await;
+    let first = publish(&r, "demo", 0, "one").await.unwrap().revision;
+    let current = publish(&r, "demo", first, "two").await.unwrap().revision;
+    let runs: Vec<String> =
+        futures_util::future::join_all((0..6).map(|_| r.create_run(WS, None, None, false)))
+            .await
+            .into_iter()
+            .map(|run| run.unwrap().run_id)
+            .collect();
+    let finished = runs[5].clone();
+    r.finish_run(WS, &finished).await.unwrap();
+    let written_before = r.meta().pin_commits().1 + other.meta().pin_commits().1;
+
+    let mut activations = tokio::task::JoinSet::new();
+    for round in 0..8usize {
+        // Every run but the finished one, from both servers at once.
+        for (i, run) in runs[..5].iter().enumerate() {
+            let server = if (round + i) % 2 == 0 { &r } else { &other }.clone();
+            let (run, requested) = (run.clone(), (i == 4).then_some(first));
+            activations.spawn(async move {
+                let answer = server.activate(WS, &run, "demo", requested).await;
+                ("demo", run, answer.map(|a| a.revision))
+            });
+        }
+        let (server, run) = (r.clone(), runs[round % 5].clone());
+        activations.spawn(async move {
+            let answer = server.activate(WS, &run, "nosuch", None).await;
+            ("nosuch", run, answer.map(|a| a.revision))
+        });
+        let (server, run) = (other.clone(), runs[round % 5].clone());
+        activations.spawn(async move {
+            let answer = server.activate(WS, &run, "demo", Some(current + 5)).await;
+            ("unpublished revision", run, answer.map(|a| a.revision))
+        });
+        let (server, run) = (r.clone(), finished.clone());
+        activations.spawn(async move {
+            let answer = server.activate(WS, &run, "demo", None).await;
+            ("finished run", run, answer.map(|a| a.revision))
+        });
+    }
+    let mut answered = std::collections::HashMap::new();
+    for (what, run, answer) in activations.join_all().await {
+        match what {
+            "demo" => {
+                let revision = answer.unwrap_or_else(|e| panic!("activating {run}: {e:?}"));
+                let expected = if run == runs[4] { first } else { current };
+                assert_eq!(revision, expected, "run {run}");
+                *answered.entry(run).or_insert(0) += 1;
+            }
+            _ => assert!(answer.is_err(), "{what} in {run} answered {answer:?}"),
+        }
+    }
+    assert_eq!(answered.len(), 5);
+    assert!(answered.values().all(|n| *n == 8), "{answered:?}");
+    // One pin per run, the one every answer gave, seen by both servers.
+    for (i, run) in runs[..5].iter().enumerate() {
+        for server in [&r, &other] {
+            let view = server.run(WS, run).await.unwrap();
+            let pins: Vec<(&str, i64)> = view
+                .activations
+                .iter()
+                .map(|p| (p.skill.as_str(), p.revision))
+                .collect();
+            let expected = if i == 4 { first } else { current };
+            assert_eq!(pins, [("demo", expected)], "run {run}");
+        }
+    }
+    assert!(r.run(WS, &finished).await.unwrap().activations.is_empty());
+    let written = r.meta().pin_commits().1 + other.meta().pin_commits().1 - written_before;
+    assert_eq!(written, 5, "pins written");
+    assert!(r.fsck().await.unwrap().ok);
+}
+storage_test!(activations_written_together_each_get_their_own_answer);
+
 /// On PostgreSQL a statement that changes runs' states tells every server to drop its cached
 /// pins. The lease sweep runs every few seconds on every server: one that finds nothing due
 /// must tell nobody, or no server's pin cache would live longer than the sweep's period.

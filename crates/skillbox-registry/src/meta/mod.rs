@@ -34,6 +34,7 @@ mod drafts;
 mod events;
 mod nodes;
 mod pin_sync;
+mod pin_thread;
 mod revisions;
 mod runs;
 mod skills;
@@ -236,14 +237,14 @@ pub fn new_id() -> String {
     skillbox_package::digest::to_hex(&b)
 }
 
-/// The WAL file of the SQLite database `writer` is connected to; `None` for a database in
-/// memory (it has no file to flush).
-async fn sqlite_wal(writer: &AnyPool) -> Result<Option<std::path::PathBuf>> {
+/// The file of the SQLite database `writer` is connected to; `None` for a database in memory
+/// (it has no file to flush).
+async fn sqlite_file(writer: &AnyPool) -> Result<Option<std::path::PathBuf>> {
     let file: String =
         sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
             .fetch_one(writer)
             .await?;
-    Ok((!file.is_empty()).then(|| format!("{file}-wal").into()))
+    Ok((!file.is_empty()).then(|| file.into()))
 }
 
 /// Checks, inside a write transaction, that content written before it is still present.
@@ -328,11 +329,11 @@ impl MetaStore {
                 (pool.clone(), pins)
             }
         };
-        let wal = match dialect {
-            Dialect::Sqlite => sqlite_wal(&writer).await?,
+        let database = match dialect {
+            Dialect::Sqlite => sqlite_file(&writer).await?,
             Dialect::Postgres => None,
         };
-        let pins = runs::PinWriter::start(pin_writer, pool.clone(), dialect, wal);
+        let pins = runs::PinWriter::start(pin_writer, pool.clone(), dialect, database);
         let store = MetaStore {
             pool,
             writer,

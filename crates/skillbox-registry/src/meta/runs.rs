@@ -1,6 +1,7 @@
 //! Runs: their authorized skills, pins and leases. A pin is written once, in the transaction
 //! that locks its revision row, so collection and revocation serialize with it.
 
+use super::pin_thread::PinThread;
 use super::*;
 use skillbox_api::Pin;
 use std::collections::HashMap;
@@ -214,6 +215,14 @@ impl MetaStore {
             requested,
             now,
         };
+        if let Some(thread) = &self.pins.thread {
+            match thread.pin(request.clone()).await {
+                Some(Ok(Some(pinned))) => return Ok(pinned),
+                Some(Err(e)) => return Err(e),
+                // Not the common case, or the thread is gone: the long way.
+                Some(Ok(None)) | None => {}
+            }
+        }
         if let Some(queue) = &self.pins.queue {
             let (reply, answer) = tokio::sync::oneshot::channel();
             if queue.send((request.clone(), reply)).is_ok() {
@@ -364,18 +373,18 @@ impl MetaStore {
 
 /// One activation's pin to write.
 #[derive(Debug, Clone, Serialize)]
-struct PinRequest {
-    workspace: String,
-    run_id: String,
-    skill: String,
-    requested: Option<i64>,
-    now: i64,
+pub(super) struct PinRequest {
+    pub(super) workspace: String,
+    pub(super) run_id: String,
+    pub(super) skill: String,
+    pub(super) requested: Option<i64>,
+    pub(super) now: i64,
 }
 
 type PinReply = tokio::sync::oneshot::Sender<Result<(LivePin, bool)>>;
 
 #[derive(Default)]
-struct PinStats {
+pub(super) struct PinStats {
     commits: AtomicU64,
     written: AtomicU64,
 }
@@ -388,7 +397,7 @@ impl PinStats {
     }
 
     /// Pins committed, to be made durable by a later flush.
-    fn wrote(&self, written: u64) {
+    pub(super) fn wrote(&self, written: u64) {
         self.written.fetch_add(written, Ordering::Relaxed);
     }
 
@@ -403,11 +412,16 @@ impl PinStats {
 /// commit of the batch holding its pin returned.
 ///
 /// SQLite has one writer, and every commit waits for its own fsync: batches commit one after
-/// another. PostgreSQL commits sessions concurrently, but a transaction per pin still costs
+/// another. With the database in a file, the common case of each batch is written by a thread
+/// of its own ([`PinThread`]) and flushed by another ([`pin_sync`]); only the requests it
+/// leaves come to the writer task. PostgreSQL commits sessions concurrently, but a transaction per pin still costs
 /// its round trips and its commit record: there a few batches are in flight at once (each on
 /// a connection of its own), so a batch waiting for its flush does not hold the next back.
 #[derive(Clone, Default)]
 pub(crate) struct PinWriter {
+    /// SQLite in WAL mode: the common case of every pin, on a thread of its own.
+    thread: Option<PinThread>,
+    /// The rest, and everything where there is no such thread.
     queue: Option<tokio::sync::mpsc::UnboundedSender<(PinRequest, PinReply)>>,
     stats: Arc<PinStats>,
     /// SQLite with its WAL flushed beside the writer ([`pin_sync`]): which batches are durable.
@@ -423,35 +437,45 @@ struct DeferredFlush {
 
 impl PinWriter {
     /// The most pins one transaction writes: bounds how long the writer lock is held.
-    const MAX_BATCH: usize = 512;
+    pub(super) const MAX_BATCH: usize = 512;
 
     /// Starts the writer task on `writer` (SQLite's one-connection pool, or PostgreSQL's
     /// pool); on SQLite also the WAL checkpoints, on a connection of `readers`, and, given the
-    /// database's WAL file, its flusher ([`pin_sync`]). They end when the last store holding
-    /// the queue is dropped. Without a WAL file (a database in memory) each batch's commit
-    /// flushes by itself.
+    /// database's file, the pin writer's thread ([`PinThread`]) and the WAL's flusher
+    /// ([`pin_sync`]). They end when the last store holding the queue is dropped. Without a
+    /// file (a database in memory) each batch's commit flushes by itself.
+    ///
+    /// With the thread, the writer task's batches (the requests the thread leaves) flush in
+    /// their own commits: one producer of numbered batches, so the flusher sees them in order.
+    /// Without it (it could not be started), the writer task's batches are flushed by the
+    /// flusher.
     pub(crate) fn start(
         writer: AnyPool,
         readers: AnyPool,
         dialect: Dialect,
-        wal: Option<std::path::PathBuf>,
+        database: Option<std::path::PathBuf>,
     ) -> Self {
         let (queue, requests) = tokio::sync::mpsc::unbounded_channel();
         let stats = Arc::<PinStats>::default();
-        let deferred = wal.and_then(|wal| {
-            let flushed = stats.clone();
-            match pin_sync::start(wal, move || flushed.flushed()) {
-                Ok((durability, flushes)) => Some(DeferredFlush {
-                    durability,
-                    flushes,
-                }),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no WAL flusher thread: each pin batch flushes in its commit");
-                    None
+        let (thread, durability, deferred) = match database.as_deref() {
+            Some(database) => match start_pin_thread(database, &stats) {
+                Some((thread, durability)) => (Some(thread), Some(durability), None),
+                None => {
+                    let deferred = start_flusher(database, &stats).map(|(durability, flushes)| {
+                        DeferredFlush {
+                            durability,
+                            flushes,
+                        }
+                    });
+                    (
+                        None,
+                        deferred.as_ref().map(|d| d.durability.clone()),
+                        deferred,
+                    )
                 }
-            }
-        });
-        let durability = deferred.as_ref().map(|d| d.durability.clone());
+            },
+            None => (None, None, None),
+        };
         let write = Self::write_batches(writer, dialect, requests, stats.clone(), deferred);
         match dialect {
             Dialect::Sqlite => {
@@ -466,6 +490,7 @@ impl PinWriter {
             }
         }
         PinWriter {
+            thread,
             queue: Some(queue),
             stats,
             durability,
@@ -653,6 +678,38 @@ impl PinWriter {
     }
 }
 
+/// The pin writer's thread on `database` with its WAL's flusher; `None` when either cannot be
+/// started.
+fn start_pin_thread(
+    database: &std::path::Path,
+    stats: &Arc<PinStats>,
+) -> Option<(PinThread, Arc<pin_sync::Durability>)> {
+    let (durability, flushes) = start_flusher(database, stats)?;
+    match PinThread::start(database, durability.clone(), flushes, stats.clone()) {
+        Ok(thread) => Some((thread, durability)),
+        Err(e) => {
+            tracing::warn!(error = %e, "no pin writer thread: pins are written by the writer task");
+            None
+        }
+    }
+}
+
+/// The flusher ([`pin_sync`]) of `database`'s WAL, counting its flushes in `stats`; `None`
+/// (each batch then flushes in its commit) when its thread cannot be started.
+fn start_flusher<A: Send + 'static>(
+    database: &std::path::Path,
+    stats: &Arc<PinStats>,
+) -> Option<(Arc<pin_sync::Durability>, pin_sync::Flushes<A>)> {
+    let mut wal = database.as_os_str().to_owned();
+    wal.push("-wal");
+    let flushed = stats.clone();
+    pin_sync::start(wal.into(), move || flushed.flushed())
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "no WAL flusher thread: each pin batch flushes in its commit");
+        })
+        .ok()
+}
+
 /// SQLite's WAL copied back into the database every [`CHECKPOINT_INTERVAL`] by a passive
 /// checkpoint on a reader's connection, which runs beside the writer instead of inside one of
 /// its commits (SQLite's automatic checkpoint runs in the commit that fills the WAL: that
@@ -715,12 +772,7 @@ async fn pin_common(
     transaction: Transaction,
     requests: &[&PinRequest],
 ) -> Result<HashMap<(String, String), LivePin>> {
-    let mut firsts = std::collections::HashSet::new();
-    let requests: Vec<&PinRequest> = requests
-        .iter()
-        .copied()
-        .filter(|r| firsts.insert((r.run_id.as_str(), r.skill.as_str())))
-        .collect();
+    let requests = first_of_each_pair(requests);
     let mut pins = HashMap::new();
     if requests.is_empty() {
         return Ok(pins);
@@ -743,28 +795,9 @@ async fn pin_common(
             // `scripts/bench-runs` (new pins fell from 10k/s to 380/s; the planner's join
             // order around a table-valued function is the suspect); with `VALUES` ~3 ms, its
             // fsync included.
-            let req = format!(
-                "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})",
-                sqlite_values(requests.len(), 5)
-            );
             // Every statement in one query, so one round trip to the connection's worker
             // thread (each took ~0.1–0.7 ms under load, more than the statement's own work).
-            let statements = format!(
-                "{req} {insert};
-                 {req}, at AS (SELECT req.run_id, max(p.activated_at) AS at FROM req
-                     CROSS JOIN runs r ON r.id = req.run_id
-                         AND r.expires_at - req.now < r.ttl_ms / 2
-                     CROSS JOIN run_skills rs ON rs.run_id = req.run_id
-                         AND rs.skill_name = req.skill
-                     CROSS JOIN pins p ON p.run_id = req.run_id AND p.skill_id = rs.skill_id
-                         AND p.activated_at = req.now
-                     GROUP BY req.run_id)
-                 {renew};
-                 {req} SELECT id, ttl_ms, expires_at FROM runs
-                     WHERE id IN (SELECT run_id FROM req)",
-                insert = pin_insert(Dialect::Sqlite),
-                renew = renew(Dialect::Sqlite),
-            );
+            let statements = sqlite_pin_statements(requests.len()).join(";\n");
             // `synchronous` is the connection's: FULL again right after the commit, for the
             // writer's other transactions.
             let text = match transaction {
@@ -777,9 +810,8 @@ async fn pin_common(
             };
             // Anonymous parameters are taken in order through the query: one set of the
             // requests for each statement that lists them.
-            let lists = text.matches(req.as_str()).count();
             let mut query = sqlx::query(AssertSqlSafe(text));
-            for _list in 0..lists {
+            for _list in 0..SQLITE_PIN_STATEMENTS {
                 for r in &requests {
                     query = query
                         .bind(r.run_id.clone())
@@ -831,6 +863,17 @@ async fn pin_common(
         }
     }
     Ok(pins)
+}
+
+/// The first request for each (run, skill) pair, in order: the common case writes those, and
+/// leaves a repeat to the long way, which finds the pin its first wrote.
+pub(super) fn first_of_each_pair<'a>(requests: &[&'a PinRequest]) -> Vec<&'a PinRequest> {
+    let mut firsts = std::collections::HashSet::new();
+    requests
+        .iter()
+        .copied()
+        .filter(|r| firsts.insert((r.run_id.as_str(), r.skill.as_str())))
+        .collect()
 }
 
 /// Whether [`pin_common`] runs inside a transaction the caller opened, or commits by itself:
@@ -939,6 +982,38 @@ fn renew(dialect: Dialect) -> &'static str {
                  AND expires_at - at.at < ttl_ms / 2"
         }
     }
+}
+
+/// How many statements [`sqlite_pin_statements`] makes.
+pub(super) const SQLITE_PIN_STATEMENTS: usize = 3;
+
+/// [`pin_common`] on SQLite for `n` requests: the insert (its rows: `run_id, skill_name,
+/// skill_id, revision, digest, activated_at`), the lease renewal, and the read of the
+/// requests' runs' leases (`id, ttl_ms, expires_at`). Each lists the requests once, as
+/// `n` rows of five anonymous parameters (`run_id, workspace, skill, requested, now`).
+pub(super) fn sqlite_pin_statements(n: usize) -> [String; SQLITE_PIN_STATEMENTS] {
+    let req = format!(
+        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})",
+        sqlite_values(n, 5)
+    );
+    [
+        format!("{req} {}", pin_insert(Dialect::Sqlite)),
+        format!(
+            "{req}, at AS (SELECT req.run_id, max(p.activated_at) AS at FROM req
+                 CROSS JOIN runs r ON r.id = req.run_id
+                     AND r.expires_at - req.now < r.ttl_ms / 2
+                 CROSS JOIN run_skills rs ON rs.run_id = req.run_id
+                     AND rs.skill_name = req.skill
+                 CROSS JOIN pins p ON p.run_id = req.run_id AND p.skill_id = rs.skill_id
+                     AND p.activated_at = req.now
+                 GROUP BY req.run_id)
+             {}",
+            renew(Dialect::Sqlite)
+        ),
+        format!(
+            "{req} SELECT id, ttl_ms, expires_at FROM runs WHERE id IN (SELECT run_id FROM req)"
+        ),
+    ]
 }
 
 /// `rows` rows of `columns` anonymous placeholders each, for a `VALUES` list: `(?, ?), (?, ?)`.
@@ -1120,7 +1195,7 @@ async fn pin_the_long_way(tx: &mut Tx, request: &PinRequest) -> Result<(LivePin,
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::{Registry, RegistryConfig};
 
@@ -1136,7 +1211,7 @@ mod tests {
         tar.into_inner().unwrap()
     }
 
-    async fn publish(r: &Registry, name: &str, base: i64) {
+    pub(in crate::meta) async fn publish(r: &Registry, name: &str, base: i64) {
         let staging = r.new_staging("test-").unwrap();
         std::fs::write(
             staging.path().join("upload"),
@@ -1148,7 +1223,11 @@ mod tests {
             .unwrap();
     }
 
-    fn request(run: &str, skill: &str, requested: Option<i64>) -> (PinRequest, PinReply) {
+    pub(in crate::meta) fn request(
+        run: &str,
+        skill: &str,
+        requested: Option<i64>,
+    ) -> (PinRequest, PinReply) {
         let request = PinRequest {
             workspace: "ws".into(),
             run_id: run.into(),
