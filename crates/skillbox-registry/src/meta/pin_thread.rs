@@ -16,14 +16,17 @@
 //! store's other writes rarely cause: they are publications, revocations, collection and
 //! lease renewals of cached pins.
 //!
-//! Only the common case is written here. A request it does not cover (a pin that exists, a
-//! run or skill that is not live, a revision that is not available, a repeat of a pair in the
-//! same batch) is answered `None` once the batch is durable, and its caller takes the long
-//! way through the sqlx writer, which says why (and finds the existing pin, durable by then).
+//! Only the common case is written here, and existing pins of live runs are found (one more
+//! statement, only for a batch that has such requests). A request neither covers (a run or
+//! skill that is not live, a revision that is not available or not the pinned one, a repeat
+//! of a pair in the same batch) is answered `None` once the batch is durable, and its caller
+//! takes the long way through the sqlx writer, which says why (and finds the pin a repeat's
+//! first wrote, durable by then).
 
 use super::pin_sync::{self, Durability, Flushes};
 use super::runs::{
     LivePin, PinRequest, PinStats, PinWriter, first_of_each_pair, sqlite_pin_statements,
+    sqlite_values,
 };
 use crate::{RegistryError, Result};
 use rusqlite::Connection;
@@ -31,10 +34,11 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
 
-/// Pins written, by (run, skill name).
-type PinsWritten = HashMap<(String, String), LivePin>;
+/// The batch's answers, by (run, skill name): each pin and whether it was written now.
+type Pinned = HashMap<(String, String), (LivePin, bool)>;
 
-/// A pin written now (`Some`), or `None`: the request is not the common case.
+/// The pin (`Some`: written now, or found as the run's pin of a live run, with no other
+/// revision requested), or `None`: the request is for the long way.
 pub(crate) type Answer = Option<(LivePin, bool)>;
 
 type Reply = tokio::sync::oneshot::Sender<Result<Answer>>;
@@ -121,7 +125,7 @@ fn write_batches(
         let mut batch = vec![first];
         batch.extend(requests.try_iter().take(PinWriter::MAX_BATCH - 1));
         let pairs: Vec<&PinRequest> = batch.iter().map(|(request, _)| request).collect();
-        let (number, mut fresh) = match write(&mut connection, &pairs, durability) {
+        let (number, mut pinned) = match write(&mut connection, &pairs, durability) {
             Ok(written) => written,
             Err(e) => {
                 // Nothing of the batch stays (the transaction rolled back): each request
@@ -131,18 +135,15 @@ fn write_batches(
                 (durability.start_batch(), HashMap::new())
             }
         };
-        stats.wrote(fresh.len() as u64);
+        let written = pinned.values().filter(|(_, now)| *now).count() as u64;
+        stats.wrote(written);
         let answers: Vec<(Reply, Result<Answer>)> = batch
             .into_iter()
             .map(|(request, reply)| {
-                let pin = fresh.remove(&(request.run_id, request.skill));
-                (reply, Ok(pin.map(|pin| (pin, true))))
+                // Once per pair: a repeat takes the long way.
+                (reply, Ok(pinned.remove(&(request.run_id, request.skill))))
             })
             .collect();
-        let written = answers
-            .iter()
-            .filter(|(_, answer)| matches!(answer, Ok(Some(_))))
-            .count() as u64;
         let committed = pin_sync::CommittedBatch {
             number,
             written,
@@ -165,7 +166,7 @@ fn write(
     connection: &mut Connection,
     requests: &[&PinRequest],
     durability: &Durability,
-) -> Result<(u64, PinsWritten), BatchFailed> {
+) -> Result<(u64, Pinned), BatchFailed> {
     let requests = first_of_each_pair(requests);
     let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let [insert, renew, leases] = sqlite_pin_statements(requests.len());
@@ -194,7 +195,7 @@ fn write(
             lease_of.insert(row.get::<_, String>(0)?, lease);
         }
     }
-    let mut pins = HashMap::with_capacity(inserted.len());
+    let mut pins = HashMap::with_capacity(requests.len());
     for (key, skill_id, revision, digest) in inserted {
         let Some(&(ttl_ms, expires_at)) = lease_of.get(&key.0) else {
             // Rolled back when `tx` is dropped.
@@ -207,11 +208,53 @@ fn write(
             ttl_ms,
             expires_at,
         };
-        pins.insert(key, pin);
+        pins.insert(key, (pin, true));
+    }
+    // The rest may be pins that exist (activated before, not in this server's pin cache): found
+    // here, as the long way would find them, instead of a second trip through the writer task.
+    let rest: Vec<&PinRequest> = requests
+        .iter()
+        .copied()
+        .filter(|r| !pins.contains_key(&(r.run_id.clone(), r.skill.clone())))
+        .collect();
+    if !rest.is_empty() {
+        let mut statement = tx.prepare_cached(&existing_pins(rest.len()))?;
+        bind(&mut statement, &rest)?;
+        let mut rows = statement.raw_query();
+        while let Some(row) = rows.next()? {
+            let key: (String, String) = (row.get(0)?, row.get(1)?);
+            let pin = LivePin {
+                skill_id: row.get(2)?,
+                revision: row.get(3)?,
+                digest: row.get(4)?,
+                ttl_ms: row.get(5)?,
+                expires_at: row.get(6)?,
+            };
+            pins.insert(key, (pin, false));
+        }
     }
     let number = durability.start_batch();
     tx.commit()?;
     Ok((number, pins))
+}
+
+/// The existing pins of `n` requests (listed as in [`sqlite_pin_statements`]) whose run is
+/// live and authorizes the skill, where no other revision is requested (the long way says
+/// why not): `run_id, skill_name, skill_id, revision, digest, ttl_ms, expires_at`. As the long
+/// way reads them, and with its answer (an existing pin is not written, and its lease is
+/// renewed by the activation like any activity's).
+fn existing_pins(n: usize) -> String {
+    format!(
+        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})
+         SELECT req.run_id, req.skill, p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
+         FROM req
+         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
+             AND r.state = 'active' AND r.expires_at > req.now
+         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
+         JOIN pins p ON p.run_id = r.id AND p.skill_id = rs.skill_id
+         WHERE req.requested IS NULL OR req.requested = p.revision",
+        sqlite_values(n, 5)
+    )
 }
 
 /// Binds the requests to a statement's list (see [`sqlite_pin_statements`]).
@@ -251,8 +294,9 @@ mod tests {
     }
 
     /// The thread writes exactly the common case of a batch (new pins of live runs, the
-    /// requested or current revision, leases renewed where under half) and leaves the rest
-    /// (a repeat, an unauthorized skill, an existing pin, a finished run) for the long way.
+    /// requested or current revision, leases renewed where under half), finds existing pins,
+    /// and leaves the rest (a repeat, an unauthorized skill, another revision than the pinned
+    /// one, a finished run) for the long way.
     #[tokio::test]
     async fn the_thread_writes_the_common_case_and_leaves_the_rest() {
         let dir = tempfile::tempdir().unwrap();
@@ -269,6 +313,8 @@ mod tests {
         let only_a = run(Some(vec!["a"]), None).await.run_id;
         let existing = run(None, None).await.run_id;
         r.activate("ws", &existing, "a", None).await.unwrap();
+        let conflicting = run(None, None).await.run_id;
+        r.activate("ws", &conflicting, "a", None).await.unwrap();
         let done = run(None, None).await.run_id;
         r.finish_run("ws", &done).await.unwrap();
         let renewing = run(None, Some(3)).await;
@@ -281,6 +327,10 @@ mod tests {
             request(&only_a, "a", Some(1)).0,
             request(&only_a, "b", None).0,
             request(&existing, "a", None).0,
+            request(&existing, "b", None).0,
+            request(&existing, "b", Some(1)).0,
+            request(&only_a, "b", Some(1)).0,
+            request(&conflicting, "a", Some(1)).0,
             request(&done, "a", None).0,
             request(&renewing.run_id, "a", None).0,
         ];
@@ -291,16 +341,18 @@ mod tests {
             number > before,
             "numbered after the batches begun before it"
         );
-        let mut pins: Vec<(&str, &str, i64)> = written
+        let mut pins: Vec<(&str, &str, i64, bool)> = written
             .iter()
-            .map(|((run, skill), pin)| (run.as_str(), skill.as_str(), pin.revision))
+            .map(|((run, skill), (pin, now))| (run.as_str(), skill.as_str(), pin.revision, *now))
             .collect();
         pins.sort();
         let mut expected = vec![
-            (both.as_str(), "a", 2),
-            (both.as_str(), "b", 1),
-            (only_a.as_str(), "a", 1),
-            (renewing.run_id.as_str(), "a", 2),
+            (both.as_str(), "a", 2, true),
+            (both.as_str(), "b", 1, true),
+            (only_a.as_str(), "a", 1, true),
+            (existing.as_str(), "a", 2, false),
+            (existing.as_str(), "b", 1, true),
+            (renewing.run_id.as_str(), "a", 2, true),
         ];
         expected.sort();
         assert_eq!(pins, expected);
@@ -308,7 +360,7 @@ mod tests {
         assert!(connection.is_autocommit());
         let view = r.run("ws", &renewing.run_id).await.unwrap();
         assert!(view.expires_at > renewing.expires_at, "lease renewed");
-        let answered = &written[&(renewing.run_id.clone(), "a".to_string())];
+        let (answered, _) = &written[&(renewing.run_id.clone(), "a".to_string())];
         assert_eq!(answered.expires_at, view.expires_at);
         let pinned: Vec<_> = r.run("ws", &both).await.unwrap().activations;
         assert_eq!(pinned.len(), 2);

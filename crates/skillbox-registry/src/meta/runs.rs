@@ -1021,7 +1021,7 @@ pub(super) fn sqlite_pin_statements(n: usize) -> [String; SQLITE_PIN_STATEMENTS]
 /// name, which SQLite finds by a walk of the statement's name list, so binding a batch's
 /// hundreds of parameters took time quadratic in them (6% of the pin writer's time in
 /// `scripts/bench-runs`). Anonymous parameters are bound by position.
-fn sqlite_values(rows: usize, columns: usize) -> String {
+pub(super) fn sqlite_values(rows: usize, columns: usize) -> String {
     let row = format!("({})", vec!["?"; columns].join(", "));
     vec![row; rows].join(", ")
 }
