@@ -131,7 +131,7 @@ fn write_batches(
                 // Nothing of the batch stays (the transaction rolled back): each request
                 // takes the long way, which reports its own error if it has one.
                 tracing::warn!(error = %e, pins = batch.len(),
-                    "the pin writer's batch failed; its pins are written one by one");
+                    "the pin thread's batch failed; its requests go to the writer task");
                 (durability.start_batch(), HashMap::new())
             }
         };
@@ -161,7 +161,8 @@ fn write_batches(
 }
 
 /// The common case of `requests` in one transaction: its number among the batches (taken
-/// before its commit, see [`Durability::start_batch`]) and the pins written, by (run, skill).
+/// before its commit, see [`Durability::start_batch`]) and the pins written or found, by
+/// (run, skill).
 fn write(
     connection: &mut Connection,
     requests: &[&PinRequest],
