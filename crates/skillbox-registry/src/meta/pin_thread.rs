@@ -26,7 +26,7 @@
 use super::pin_sync::{self, Durability, Flushes};
 use super::runs::{
     LivePin, PinRequest, PinStats, PinWriter, first_of_each_pair, sqlite_pin_statements,
-    sqlite_values,
+    sqlite_requests,
 };
 use crate::{RegistryError, Result};
 use rusqlite::Connection;
@@ -172,30 +172,18 @@ fn write(
     let tx = connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let [insert, renew, leases] = sqlite_pin_statements(requests.len());
     let mut inserted = Vec::new();
-    {
-        let mut statement = tx.prepare_cached(&insert)?;
-        bind(&mut statement, &requests)?;
-        let mut rows = statement.raw_query();
-        while let Some(row) = rows.next()? {
-            let key: (String, String) = (row.get(0)?, row.get(1)?);
-            inserted.push((key, row.get::<_, String>(2)?, row.get(3)?, row.get(4)?));
-        }
-    }
-    {
-        let mut statement = tx.prepare_cached(&renew)?;
-        bind(&mut statement, &requests)?;
-        statement.raw_execute()?;
-    }
+    for_each_row(&tx, &insert, &requests, |row| {
+        let key: (String, String) = (row.get(0)?, row.get(1)?);
+        inserted.push((key, row.get::<_, String>(2)?, row.get(3)?, row.get(4)?));
+        Ok(())
+    })?;
+    for_each_row(&tx, &renew, &requests, |_| Ok(()))?;
     let mut lease_of = HashMap::new();
-    {
-        let mut statement = tx.prepare_cached(&leases)?;
-        bind(&mut statement, &requests)?;
-        let mut rows = statement.raw_query();
-        while let Some(row) = rows.next()? {
-            let lease: (i64, i64) = (row.get(1)?, row.get(2)?);
-            lease_of.insert(row.get::<_, String>(0)?, lease);
-        }
-    }
+    for_each_row(&tx, &leases, &requests, |row| {
+        let lease: (i64, i64) = (row.get(1)?, row.get(2)?);
+        lease_of.insert(row.get::<_, String>(0)?, lease);
+        Ok(())
+    })?;
     let mut pins = HashMap::with_capacity(requests.len());
     for (key, skill_id, revision, digest) in inserted {
         let Some(&(ttl_ms, expires_at)) = lease_of.get(&key.0) else {
@@ -213,16 +201,14 @@ fn write(
     }
     // The rest may be pins that exist (activated before, not in this server's pin cache): found
     // here, as the long way would find them, instead of a second trip through the writer task.
-    let rest: Vec<&PinRequest> = requests
-        .iter()
-        .copied()
-        .filter(|r| !pins.contains_key(&(r.run_id.clone(), r.skill.clone())))
-        .collect();
-    if !rest.is_empty() {
-        let mut statement = tx.prepare_cached(&existing_pins(rest.len()))?;
-        bind(&mut statement, &rest)?;
-        let mut rows = statement.raw_query();
-        while let Some(row) = rows.next()? {
+    // (Requests are one per pair: when every one was inserted there is no rest to look for.)
+    if pins.len() < requests.len() {
+        let rest: Vec<&PinRequest> = requests
+            .iter()
+            .copied()
+            .filter(|r| !pins.contains_key(&(r.run_id.clone(), r.skill.clone())))
+            .collect();
+        for_each_row(&tx, &existing_pins(rest.len()), &rest, |row| {
             let key: (String, String) = (row.get(0)?, row.get(1)?);
             let pin = LivePin {
                 skill_id: row.get(2)?,
@@ -232,7 +218,8 @@ fn write(
                 expires_at: row.get(6)?,
             };
             pins.insert(key, (pin, false));
-        }
+            Ok(())
+        })?;
     }
     let number = durability.start_batch();
     tx.commit()?;
@@ -246,23 +233,26 @@ fn write(
 /// renewed by the activation like any activity's).
 fn existing_pins(n: usize) -> String {
     format!(
-        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})
-         SELECT req.run_id, req.skill, p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
+        "{} SELECT req.run_id, req.skill, p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
          FROM req
          JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
              AND r.state = 'active' AND r.expires_at > req.now
          JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
          JOIN pins p ON p.run_id = r.id AND p.skill_id = rs.skill_id
          WHERE req.requested IS NULL OR req.requested = p.revision",
-        sqlite_values(n, 5)
+        sqlite_requests(n)
     )
 }
 
-/// Binds the requests to a statement's list (see [`sqlite_pin_statements`]).
-fn bind(
-    statement: &mut rusqlite::CachedStatement<'_>,
+/// Runs `sql` (cached), whose one list of requests ([`sqlite_requests`]) is bound to
+/// `requests`, inside `tx`, handing each row it returns to `row`.
+fn for_each_row(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
     requests: &[&PinRequest],
+    mut row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
 ) -> rusqlite::Result<()> {
+    let mut statement = tx.prepare_cached(sql)?;
     let mut index = 1;
     for r in requests {
         statement.raw_bind_parameter(index, &r.run_id)?;
@@ -271,6 +261,10 @@ fn bind(
         statement.raw_bind_parameter(index + 3, r.requested)?;
         statement.raw_bind_parameter(index + 4, r.now)?;
         index += 5;
+    }
+    let mut rows = statement.raw_query();
+    while let Some(next) = rows.next()? {
+        row(next)?;
     }
     Ok(())
 }

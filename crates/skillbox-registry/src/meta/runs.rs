@@ -414,9 +414,10 @@ impl PinStats {
 /// SQLite has one writer, and every commit waits for its own fsync: batches commit one after
 /// another. With the database in a file, the common case of each batch is written by a thread
 /// of its own ([`PinThread`]) and flushed by another ([`pin_sync`]); only the requests it
-/// leaves come to the writer task. PostgreSQL commits sessions concurrently, but a transaction per pin still costs
-/// its round trips and its commit record: there a few batches are in flight at once (each on
-/// a connection of its own), so a batch waiting for its flush does not hold the next back.
+/// leaves come to the writer task. PostgreSQL commits sessions concurrently, but a
+/// transaction per pin still costs its round trips and its commit record: there a few batches
+/// are in flight at once (each on a connection of its own), so a batch waiting for its flush
+/// does not hold the next back.
 #[derive(Clone, Default)]
 pub(crate) struct PinWriter {
     /// SQLite in WAL mode: the common case of every pin, on a thread of its own.
@@ -985,17 +986,23 @@ fn renew(dialect: Dialect) -> &'static str {
 }
 
 /// How many statements [`sqlite_pin_statements`] makes.
-pub(super) const SQLITE_PIN_STATEMENTS: usize = 3;
+const SQLITE_PIN_STATEMENTS: usize = 3;
+
+/// `n` pin requests as SQLite's common table `req (run_id, workspace, skill, requested, now)`:
+/// `n` rows of five anonymous parameters, bound in that order.
+pub(super) fn sqlite_requests(n: usize) -> String {
+    format!(
+        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})",
+        sqlite_values(n, 5)
+    )
+}
 
 /// [`pin_common`] on SQLite for `n` requests: the insert (its rows: `run_id, skill_name,
 /// skill_id, revision, digest, activated_at`), the lease renewal, and the read of the
-/// requests' runs' leases (`id, ttl_ms, expires_at`). Each lists the requests once, as
-/// `n` rows of five anonymous parameters (`run_id, workspace, skill, requested, now`).
+/// requests' runs' leases (`id, ttl_ms, expires_at`). Each lists the requests once
+/// ([`sqlite_requests`]).
 pub(super) fn sqlite_pin_statements(n: usize) -> [String; SQLITE_PIN_STATEMENTS] {
-    let req = format!(
-        "WITH req (run_id, workspace, skill, requested, now) AS (VALUES {})",
-        sqlite_values(n, 5)
-    );
+    let req = sqlite_requests(n);
     [
         format!("{req} {}", pin_insert(Dialect::Sqlite)),
         format!(
@@ -1021,7 +1028,7 @@ pub(super) fn sqlite_pin_statements(n: usize) -> [String; SQLITE_PIN_STATEMENTS]
 /// name, which SQLite finds by a walk of the statement's name list, so binding a batch's
 /// hundreds of parameters took time quadratic in them (6% of the pin writer's time in
 /// `scripts/bench-runs`). Anonymous parameters are bound by position.
-pub(super) fn sqlite_values(rows: usize, columns: usize) -> String {
+fn sqlite_values(rows: usize, columns: usize) -> String {
     let row = format!("({})", vec!["?"; columns].join(", "));
     vec![row; rows].join(", ")
 }
