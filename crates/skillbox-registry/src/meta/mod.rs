@@ -33,6 +33,7 @@ macro_rules! from_row {
 mod drafts;
 mod events;
 mod nodes;
+mod page_cache;
 mod pin_sync;
 mod pin_thread;
 mod revisions;
@@ -254,6 +255,7 @@ pub type PresenceCheck<'a> =
 impl MetaStore {
     /// Connects (`sqlite://…` or `postgres://…`) and applies the schema.
     pub async fn connect(url: &str) -> Result<Self> {
+        page_cache::install();
         sqlx::any::install_default_drivers();
         let dialect = if url.starts_with("postgres") {
             Dialect::Postgres
@@ -417,6 +419,7 @@ impl MetaStore {
     /// `doctor` reports.
     pub async fn probe(url: &str) -> Result<String> {
         use sqlx::Connection;
+        page_cache::install();
         sqlx::any::install_default_drivers();
         let mut conn = sqlx::AnyConnection::connect(url).await?;
         let version_query = if url.starts_with("postgres") {

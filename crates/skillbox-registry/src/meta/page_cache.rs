@@ -1,0 +1,374 @@
+//! SQLite's own page cache, wrapped to skip the end-of-transaction truncations that have
+//! nothing to drop.
+//!
+//! At the end of every transaction SQLite truncates its page cache to the database's size
+//! (`pager_end_transaction` → `xTruncate(dbSize + 1)`). The default cache (`pcache1`) does
+//! that by walking only the hash buckets past the size, unless the largest page number it
+//! ever held since the last truncation is further past the size than it has buckets: then it
+//! walks every bucket and every page. A B-tree split that renumbers its new pages into
+//! ascending order (`balance_nonroot`) moves one of them through a temporary number, the page
+//! just past the lock-byte page (page 262,145 with 4 KiB pages), and back at once; the cache
+//! remembers that number as its largest. In a database under 1 GiB every commit that split a
+//! page out of order then walked the whole cache: the pin writer's cache holds ~5,000 pages in
+//! 8,192 buckets (SQLite's caches share one pool, and the busiest connection's grows), and the
+//! walk was ~15% of its thread in `scripts/bench-runs` (new pins at 64 connections).
+//!
+//! The wrapper forwards every call to the default cache and keeps, per cache, an upper bound
+//! of the page numbers in it that ignores a page parked at the temporary number (counted
+//! apart while one is). A truncation above that bound has nothing to drop and is not
+//! forwarded; any other is. What the caches hold, and when SQLite drops what, is unchanged.
+//!
+//! SQLite takes a page cache only before it is initialized: [`install`] runs before this
+//! process's first SQLite connection (`MetaStore::connect` and `probe` call it). Where SQLite
+//! was initialized before, the default cache stays, unwrapped.
+
+use rusqlite::ffi;
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Once, OnceLock};
+
+/// Whether [`install`] wrapped the cache.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Wraps SQLite's default page cache, once per process; a no-op after the first call, and
+/// when SQLite is initialized already.
+pub(super) fn install() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| match wrap_default() {
+        Ok(()) => INSTALLED.store(true, Ordering::Release),
+        Err(rc) => {
+            tracing::debug!(
+                rc,
+                "SQLite's page cache is not wrapped (SQLite was initialized)"
+            )
+        }
+    });
+}
+
+/// The default cache's methods, as SQLite gave them before the wrapper replaced them.
+struct DefaultMethods(ffi::sqlite3_pcache_methods2);
+
+// SAFETY: the struct holds function pointers and `pArg`, which pcache1 leaves null and SQLite
+// only hands back to the same methods; it is written once, before it is shared, and only read
+// after.
+unsafe impl Send for DefaultMethods {}
+unsafe impl Sync for DefaultMethods {}
+
+static DEFAULT: OnceLock<DefaultMethods> = OnceLock::new();
+
+fn wrap_default() -> Result<(), c_int> {
+    let mut default = std::mem::MaybeUninit::<ffi::sqlite3_pcache_methods2>::zeroed();
+    // SAFETY: `sqlite3_config` is not thread-safe against other SQLite calls; it runs inside
+    // `install`'s `Once`, before any SQLite connection of this process (see the module doc).
+    // SQLITE_CONFIG_GETPCACHE2 takes one `sqlite3_pcache_methods2*`, which it fills (with the
+    // default methods if none were set), or returns SQLITE_MISUSE once SQLite is initialized,
+    // touching nothing.
+    let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETPCACHE2, default.as_mut_ptr()) };
+    if rc != ffi::SQLITE_OK {
+        return Err(rc);
+    }
+    // SAFETY: SQLite filled it (rc is SQLITE_OK); zeroed is a valid value of it anyway (null
+    // pointers and `None`s).
+    let default = unsafe { default.assume_init() };
+    if default.xCreate.is_none() || DEFAULT.set(DefaultMethods(default)).is_err() {
+        return Err(ffi::SQLITE_MISUSE);
+    }
+    let wrapper = ffi::sqlite3_pcache_methods2 {
+        iVersion: default.iVersion,
+        pArg: default.pArg,
+        xInit: default.xInit,
+        xShutdown: default.xShutdown,
+        xCreate: Some(create),
+        xCachesize: Some(cachesize),
+        xPagecount: Some(pagecount),
+        xFetch: Some(fetch),
+        xUnpin: Some(unpin),
+        xRekey: Some(rekey),
+        xTruncate: Some(truncate),
+        xDestroy: Some(destroy),
+        xShrink: Some(shrink),
+    };
+    // SAFETY: as above; SQLITE_CONFIG_PCACHE2 takes one `sqlite3_pcache_methods2*` and copies
+    // the struct. Every method below forwards to the default's, which SQLite had set (the
+    // `expect`s in `methods` cannot fire: pcache1 defines all of them).
+    let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_PCACHE2, &wrapper) };
+    if rc == ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(rc)
+    }
+}
+
+fn methods() -> &'static ffi::sqlite3_pcache_methods2 {
+    // Set before the wrapper was installed, so before any of its methods can be called.
+    &DEFAULT.get().expect("the default page cache is saved").0
+}
+
+/// One cache: the default's, and what the wrapper knows of its page numbers.
+struct Cache {
+    inner: *mut ffi::sqlite3_pcache,
+    /// No page in the cache has a larger number, except one parked at `parking`.
+    max_key: c_uint,
+    /// The number `balance_nonroot` parks a page at while it swaps two pages' numbers.
+    parking: c_uint,
+    /// Whether a page is parked there now.
+    parked: bool,
+}
+
+impl Cache {
+    fn bound(&self) -> c_uint {
+        if self.parked {
+            self.max_key.max(self.parking)
+        } else {
+            self.max_key
+        }
+    }
+}
+
+// The methods below are SQLite's callbacks. SQLite calls a cache's methods only from the
+// connection that owns the cache, one call at a time (the connection is never used by two
+// threads at once), so `&mut Cache` is exclusive; the `*mut sqlite3_pcache` SQLite passes is
+// the pointer `create` returned (a `Box<Cache>`) until `destroy` takes it back.
+
+/// The byte offset of SQLite's lock-byte page (`PENDING_BYTE`, fixed in a build without test
+/// hooks).
+const PENDING_BYTE: c_uint = 0x4000_0000;
+
+unsafe extern "C" fn create(
+    page_size: c_int,
+    extra: c_int,
+    purgeable: c_int,
+) -> *mut ffi::sqlite3_pcache {
+    let create = methods().xCreate.expect("pcache1 has xCreate");
+    // SAFETY: forwarded as SQLite called it.
+    let inner = unsafe { create(page_size, extra, purgeable) };
+    if inner.is_null() {
+        return inner;
+    }
+    let cache = Cache {
+        inner,
+        max_key: 0,
+        parking: PENDING_BYTE / page_size.max(1) as c_uint + 1,
+        parked: false,
+    };
+    Box::into_raw(Box::new(cache)).cast()
+}
+
+/// The wrapper's cache behind SQLite's handle.
+///
+/// # Safety
+/// `cache` is a pointer [`create`] returned and [`destroy`] has not taken back, and no other
+/// reference to it is live (see above).
+unsafe fn cache<'a>(cache: *mut ffi::sqlite3_pcache) -> &'a mut Cache {
+    // SAFETY: the caller's promise.
+    unsafe { &mut *cache.cast::<Cache>() }
+}
+
+unsafe extern "C" fn cachesize(p: *mut ffi::sqlite3_pcache, size: c_int) {
+    // SAFETY: see `cache`; the default method gets its own handle back.
+    unsafe { methods().xCachesize.expect("pcache1 has xCachesize")(cache(p).inner, size) }
+}
+
+unsafe extern "C" fn pagecount(p: *mut ffi::sqlite3_pcache) -> c_int {
+    // SAFETY: as in `cachesize`.
+    unsafe { methods().xPagecount.expect("pcache1 has xPagecount")(cache(p).inner) }
+}
+
+unsafe extern "C" fn fetch(
+    p: *mut ffi::sqlite3_pcache,
+    key: c_uint,
+    create: c_int,
+) -> *mut ffi::sqlite3_pcache_page {
+    // SAFETY: as in `cachesize`.
+    let cache = unsafe { cache(p) };
+    let page = unsafe { methods().xFetch.expect("pcache1 has xFetch")(cache.inner, key, create) };
+    if !page.is_null() && key > cache.max_key && !(cache.parked && key == cache.parking) {
+        cache.max_key = key;
+    }
+    page
+}
+
+unsafe extern "C" fn unpin(
+    p: *mut ffi::sqlite3_pcache,
+    page: *mut ffi::sqlite3_pcache_page,
+    discard: c_int,
+) {
+    // SAFETY: as in `cachesize`. A discarded page leaves the bound as it was: larger than
+    // needed is safe (a truncation is forwarded that had nothing to drop).
+    unsafe { methods().xUnpin.expect("pcache1 has xUnpin")(cache(p).inner, page, discard) }
+}
+
+unsafe extern "C" fn rekey(
+    p: *mut ffi::sqlite3_pcache,
+    page: *mut ffi::sqlite3_pcache_page,
+    old: c_uint,
+    new: c_uint,
+) {
+    // SAFETY: as in `cachesize`.
+    let cache = unsafe { cache(p) };
+    unsafe { methods().xRekey.expect("pcache1 has xRekey")(cache.inner, page, old, new) };
+    if new == cache.parking {
+        cache.parked = true;
+    } else {
+        if old == cache.parking {
+            cache.parked = false;
+        }
+        cache.max_key = cache.max_key.max(new);
+    }
+}
+
+unsafe extern "C" fn truncate(p: *mut ffi::sqlite3_pcache, limit: c_uint) {
+    // SAFETY: as in `cachesize`.
+    let cache = unsafe { cache(p) };
+    // Every page has a number at most `bound`: none is at `limit` or above, nothing to drop.
+    if limit > cache.bound() {
+        return;
+    }
+    unsafe { methods().xTruncate.expect("pcache1 has xTruncate")(cache.inner, limit) };
+    cache.max_key = cache.max_key.min(limit.saturating_sub(1));
+    cache.parked &= cache.parking < limit;
+}
+
+unsafe extern "C" fn destroy(p: *mut ffi::sqlite3_pcache) {
+    // SAFETY: `p` came from `create`'s `Box::into_raw`, and SQLite calls nothing on it after
+    // this: the box is taken back once.
+    let cache = unsafe { Box::from_raw(p.cast::<Cache>()) };
+    unsafe { methods().xDestroy.expect("pcache1 has xDestroy")(cache.inner) }
+}
+
+unsafe extern "C" fn shrink(p: *mut ffi::sqlite3_pcache) {
+    // SAFETY: as in `cachesize`.
+    unsafe { methods().xShrink.expect("pcache1 has xShrink")(cache(p).inner) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Installs the wrapper (each test is a process of its own under `cargo nextest`, the
+    /// suite's runner) and initializes SQLite, as a first connection would.
+    fn installed() {
+        install();
+        assert!(
+            INSTALLED.load(Ordering::Acquire),
+            "the wrapper was not installed: SQLite was initialized before this test"
+        );
+        rusqlite::Connection::open_in_memory().unwrap();
+    }
+
+    /// The wrapper's truncations against the default cache's own page count: one with nothing
+    /// past its limit is skipped, also after a page went through the parking number and back;
+    /// one with pages past its limit (a page that really is at a larger number, or one parked)
+    /// drops them.
+    #[test]
+    fn a_truncation_drops_what_is_past_the_limit_and_skips_when_nothing_is() {
+        installed();
+        // SAFETY: the handle is used only here, on one thread, until `destroy`; pages are
+        // used only through the handle they came from.
+        unsafe {
+            let p = create(4096, 64, 0);
+            assert!(!p.is_null());
+            let parking = PENDING_BYTE / 4096 + 1;
+            let mut pages = std::collections::HashMap::new();
+            for key in 1..=10 {
+                let page = fetch(p, key, 2);
+                assert!(!page.is_null());
+                pages.insert(key, page);
+            }
+            assert_eq!(pagecount(p), 10);
+            truncate(p, 11);
+            assert_eq!(pagecount(p), 10);
+
+            // balance_nonroot's swap of pages 5 and 7's numbers, through the parking number.
+            rekey(p, pages[&5], 5, parking);
+            rekey(p, pages[&7], 7, 5);
+            rekey(p, pages[&5], parking, 7);
+            assert_eq!(cache(p).bound(), 10);
+            truncate(p, 11);
+            assert_eq!(pagecount(p), 10, "nothing is past page 10");
+
+            truncate(p, 8);
+            assert_eq!(pagecount(p), 7, "pages 8 to 10 are dropped");
+            assert!(fetch(p, 9, 0).is_null());
+            assert!(!fetch(p, 20, 2).is_null());
+            truncate(p, 15);
+            assert_eq!(pagecount(p), 7, "page 20 is dropped");
+
+            truncate(p, 8);
+            assert_eq!(pagecount(p), 7);
+            assert_eq!(cache(p).bound(), 7);
+
+            // A page left parked is past any limit below the parking number.
+            rekey(p, pages[&3], 3, parking);
+            truncate(p, 8);
+            assert_eq!(pagecount(p), 6, "the parked page is dropped");
+            assert!(fetch(p, parking, 0).is_null());
+            assert!(fetch(p, 3, 0).is_null());
+            destroy(p);
+        }
+    }
+
+    /// A database under the wrapper, written as the pins are (random keys, so B-tree splits
+    /// renumber pages through the parking number, each batch its own commit) with a
+    /// transaction that grows the file and rolls back after each (its pages must leave the
+    /// cache), reads back every committed row from the writer and from a second connection,
+    /// and passes SQLite's integrity check.
+    #[test]
+    fn a_database_written_and_rolled_back_under_the_wrapper_reads_back_whole() {
+        installed();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache.db");
+        let writer = rusqlite::Connection::open(&path).unwrap();
+        writer
+            .execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE t (k TEXT PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID;",
+            )
+            .unwrap();
+        let reader = rusqlite::Connection::open(&path).unwrap();
+        let mut expected = std::collections::BTreeMap::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut key = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            format!("{seed:016x}")
+        };
+        let insert = "INSERT INTO t (k, v) VALUES (?1, ?2)";
+        for round in 0..60u8 {
+            writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+            for _ in 0..40 {
+                let (k, v) = (key(), vec![round; 150]);
+                writer.execute(insert, (&k, &v)).unwrap();
+                expected.insert(k, v);
+            }
+            writer.execute_batch("COMMIT; BEGIN IMMEDIATE").unwrap();
+            for _ in 0..200 {
+                writer.execute(insert, (key(), vec![0xff_u8; 900])).unwrap();
+            }
+            writer.execute_batch("ROLLBACK").unwrap();
+            if round % 10 == 9 {
+                let count: i64 = reader
+                    .query_row("SELECT count(*) FROM t", [], |row| row.get(0))
+                    .unwrap();
+                assert_eq!(count, expected.len() as i64);
+            }
+        }
+        for connection in [&writer, &reader] {
+            let mut rows = connection.prepare("SELECT k, v FROM t ORDER BY k").unwrap();
+            let read: std::collections::BTreeMap<String, Vec<u8>> = rows
+                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(
+                read == expected,
+                "the rows read back differ from those committed"
+            );
+            let check: String = connection
+                .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(check, "ok");
+        }
+    }
+}
