@@ -715,6 +715,13 @@ fn start_flusher<A: Send + 'static>(
 /// checkpoint on a reader's connection, which runs beside the writer instead of inside one of
 /// its commits (SQLite's automatic checkpoint runs in the commit that fills the WAL: that
 /// commit, and every activation waiting behind it, paid for copying thousands of pages).
+///
+/// It does not keep the WAL short: the WAL starts over only when a write transaction begins
+/// with every frame copied back, which under a steady stream of pin batches happens by
+/// chance. Measured in `scripts/bench-runs` (new pins): the WAL often grows to the automatic
+/// checkpoint's threshold, whose commit then has little left to copy but still syncs the WAL
+/// and the database (one fsync of the database took 43–59 ms beside the flusher's). A lower
+/// threshold on the pin thread's connection (4,096 pages) made the p99 worse, not better.
 async fn checkpoint_in_background(readers: AnyPool) {
     let mut every = tokio::time::interval(CHECKPOINT_INTERVAL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -732,9 +739,9 @@ async fn checkpoint_in_background(readers: AnyPool) {
     }
 }
 
-/// How often [`checkpoint_in_background`] runs: often enough that the WAL stays far below
-/// the automatic checkpoint's threshold (set in [`MetaStore::connect`]) under a full write
-/// load (~130 MB/s of WAL in `scripts/bench-runs`).
+/// How often [`checkpoint_in_background`] runs: often enough that the automatic checkpoint
+/// (threshold set in [`MetaStore::connect`]) finds little left to copy under a full write load
+/// (~130 MB/s of WAL in `scripts/bench-runs`).
 const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The common case of pinning, however many requests: every request for a live run, an
