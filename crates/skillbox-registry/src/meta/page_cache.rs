@@ -6,12 +6,12 @@
 //! that by walking only the hash buckets past the size, unless the largest page number it
 //! ever held since the last truncation is further past the size than it has buckets: then it
 //! walks every bucket and every page. A B-tree split that renumbers its new pages into
-//! ascending order (`balance_nonroot`) moves one of them through a temporary number, the page
-//! just past the lock-byte page (page 262,145 with 4 KiB pages), and back at once; the cache
-//! remembers that number as its largest. In a database under 1 GiB every commit that split a
+//! ascending order (`balance_nonroot`) moves one of them through a temporary number, that of
+//! the lock-byte page at 1 GiB, which holds no data (page 262,145 with 4 KiB pages), and on at
+//! once; the cache remembers that number as its largest. In a database under 1 GiB every commit that split a
 //! page out of order then walked the whole cache: the pin writer's cache holds ~5,000 pages in
 //! 8,192 buckets (SQLite's caches share one pool, and the busiest connection's grows), and the
-//! walk was ~15% of its thread in `scripts/bench-runs` (new pins at 64 connections).
+//! walk was 15–25% of its thread in `scripts/bench-runs` (new pins at 64 connections).
 //!
 //! The wrapper forwards every call to the default cache and keeps, per cache, an upper bound
 //! of the page numbers in it that ignores a page parked at the temporary number (counted
@@ -131,7 +131,7 @@ impl Cache {
 // the pointer `create` returned (a `Box<Cache>`) until `destroy` takes it back.
 
 /// The byte offset of SQLite's lock-byte page (`PENDING_BYTE`, fixed in a build without test
-/// hooks).
+/// hooks); the page's number is `PENDING_BYTE / page size + 1`.
 const PENDING_BYTE: c_uint = 0x4000_0000;
 
 unsafe extern "C" fn create(
