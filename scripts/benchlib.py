@@ -2,11 +2,15 @@
 import json, os, re, socket, subprocess, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "skillbox")
+# SKILLBOX_BENCH_BIN runs another build (an older commit's, built in a target directory of its
+# own) through the same script, to compare builds side by side; unset, the tree's release build.
+BIN = os.environ.get("SKILLBOX_BENCH_BIN") or os.path.join(ROOT, "target", "release", "skillbox")
 ADMIN = "bench-admin-token"
 
 
 def build_release():
+    if os.environ.get("SKILLBOX_BENCH_BIN"):
+        return
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "skillbox"], cwd=ROOT, check=True)
 
 
