@@ -45,14 +45,42 @@ pub(super) fn install() {
     });
 }
 
-/// The default cache's methods, as SQLite gave them before the wrapper replaced them.
-struct DefaultMethods(ffi::sqlite3_pcache_methods2);
+/// SQLite's handle of one cache: the default's own, or the wrapper's `Box<Cache>`.
+type Handle = *mut ffi::sqlite3_pcache;
+/// One page of a cache.
+type Page = *mut ffi::sqlite3_pcache_page;
 
-// SAFETY: the struct holds function pointers and `pArg`, which pcache1 leaves null and SQLite
-// only hands back to the same methods; it is written once, before it is shared, and only read
-// after.
-unsafe impl Send for DefaultMethods {}
-unsafe impl Sync for DefaultMethods {}
+/// The default cache's methods, as SQLite gave them before the wrapper replaced them, each
+/// checked present once, when saved (plain function pointers: shared between threads as they
+/// are).
+struct DefaultMethods {
+    create: unsafe extern "C" fn(c_int, c_int, c_int) -> Handle,
+    cachesize: unsafe extern "C" fn(Handle, c_int),
+    pagecount: unsafe extern "C" fn(Handle) -> c_int,
+    fetch: unsafe extern "C" fn(Handle, c_uint, c_int) -> Page,
+    unpin: unsafe extern "C" fn(Handle, Page, c_int),
+    rekey: unsafe extern "C" fn(Handle, Page, c_uint, c_uint),
+    truncate: unsafe extern "C" fn(Handle, c_uint),
+    destroy: unsafe extern "C" fn(Handle),
+    shrink: unsafe extern "C" fn(Handle),
+}
+
+impl DefaultMethods {
+    /// `None` unless every method the wrapper forwards to is set.
+    fn of(methods: &ffi::sqlite3_pcache_methods2) -> Option<Self> {
+        Some(DefaultMethods {
+            create: methods.xCreate?,
+            cachesize: methods.xCachesize?,
+            pagecount: methods.xPagecount?,
+            fetch: methods.xFetch?,
+            unpin: methods.xUnpin?,
+            rekey: methods.xRekey?,
+            truncate: methods.xTruncate?,
+            destroy: methods.xDestroy?,
+            shrink: methods.xShrink?,
+        })
+    }
+}
 
 static DEFAULT: OnceLock<DefaultMethods> = OnceLock::new();
 
@@ -70,7 +98,8 @@ fn wrap_default() -> Result<(), c_int> {
     // SAFETY: SQLite filled it (rc is SQLITE_OK); zeroed is a valid value of it anyway (null
     // pointers and `None`s).
     let default = unsafe { default.assume_init() };
-    if default.xCreate.is_none() || DEFAULT.set(DefaultMethods(default)).is_err() {
+    let saved = DefaultMethods::of(&default).ok_or(ffi::SQLITE_MISUSE)?;
+    if DEFAULT.set(saved).is_err() {
         return Err(ffi::SQLITE_MISUSE);
     }
     let wrapper = ffi::sqlite3_pcache_methods2 {
@@ -89,8 +118,7 @@ fn wrap_default() -> Result<(), c_int> {
         xShrink: Some(shrink),
     };
     // SAFETY: as above; SQLITE_CONFIG_PCACHE2 takes one `sqlite3_pcache_methods2*` and copies
-    // the struct. Every method below forwards to the default's, which SQLite had set (the
-    // `expect`s in `methods` cannot fire: pcache1 defines all of them).
+    // the struct. Every method below forwards to the default's, saved above.
     let rc = unsafe { ffi::sqlite3_config(ffi::SQLITE_CONFIG_PCACHE2, &wrapper) };
     if rc == ffi::SQLITE_OK {
         Ok(())
@@ -99,14 +127,14 @@ fn wrap_default() -> Result<(), c_int> {
     }
 }
 
-fn methods() -> &'static ffi::sqlite3_pcache_methods2 {
+fn methods() -> &'static DefaultMethods {
     // Set before the wrapper was installed, so before any of its methods can be called.
-    &DEFAULT.get().expect("the default page cache is saved").0
+    DEFAULT.get().expect("the default page cache is saved")
 }
 
 /// One cache: the default's, and what the wrapper knows of its page numbers.
 struct Cache {
-    inner: *mut ffi::sqlite3_pcache,
+    inner: Handle,
     /// No page in the cache has a larger number, except one parked at `parking`.
     max_key: c_uint,
     /// The number `balance_nonroot` parks a page at while it swaps two pages' numbers.
@@ -134,14 +162,9 @@ impl Cache {
 /// hooks); the page's number is `PENDING_BYTE / page size + 1`.
 const PENDING_BYTE: c_uint = 0x4000_0000;
 
-unsafe extern "C" fn create(
-    page_size: c_int,
-    extra: c_int,
-    purgeable: c_int,
-) -> *mut ffi::sqlite3_pcache {
-    let create = methods().xCreate.expect("pcache1 has xCreate");
+unsafe extern "C" fn create(page_size: c_int, extra: c_int, purgeable: c_int) -> Handle {
     // SAFETY: forwarded as SQLite called it.
-    let inner = unsafe { create(page_size, extra, purgeable) };
+    let inner = unsafe { (methods().create)(page_size, extra, purgeable) };
     if inner.is_null() {
         return inner;
     }
@@ -159,54 +182,41 @@ unsafe extern "C" fn create(
 /// # Safety
 /// `cache` is a pointer [`create`] returned and [`destroy`] has not taken back, and no other
 /// reference to it is live (see above).
-unsafe fn cache<'a>(cache: *mut ffi::sqlite3_pcache) -> &'a mut Cache {
+unsafe fn cache<'a>(cache: Handle) -> &'a mut Cache {
     // SAFETY: the caller's promise.
     unsafe { &mut *cache.cast::<Cache>() }
 }
 
-unsafe extern "C" fn cachesize(p: *mut ffi::sqlite3_pcache, size: c_int) {
+unsafe extern "C" fn cachesize(p: Handle, size: c_int) {
     // SAFETY: see `cache`; the default method gets its own handle back.
-    unsafe { methods().xCachesize.expect("pcache1 has xCachesize")(cache(p).inner, size) }
+    unsafe { (methods().cachesize)(cache(p).inner, size) }
 }
 
-unsafe extern "C" fn pagecount(p: *mut ffi::sqlite3_pcache) -> c_int {
+unsafe extern "C" fn pagecount(p: Handle) -> c_int {
     // SAFETY: as in `cachesize`.
-    unsafe { methods().xPagecount.expect("pcache1 has xPagecount")(cache(p).inner) }
+    unsafe { (methods().pagecount)(cache(p).inner) }
 }
 
-unsafe extern "C" fn fetch(
-    p: *mut ffi::sqlite3_pcache,
-    key: c_uint,
-    create: c_int,
-) -> *mut ffi::sqlite3_pcache_page {
+unsafe extern "C" fn fetch(p: Handle, key: c_uint, create: c_int) -> Page {
     // SAFETY: as in `cachesize`.
     let cache = unsafe { cache(p) };
-    let page = unsafe { methods().xFetch.expect("pcache1 has xFetch")(cache.inner, key, create) };
+    let page = unsafe { (methods().fetch)(cache.inner, key, create) };
     if !page.is_null() && key > cache.max_key && !(cache.parked && key == cache.parking) {
         cache.max_key = key;
     }
     page
 }
 
-unsafe extern "C" fn unpin(
-    p: *mut ffi::sqlite3_pcache,
-    page: *mut ffi::sqlite3_pcache_page,
-    discard: c_int,
-) {
+unsafe extern "C" fn unpin(p: Handle, page: Page, discard: c_int) {
     // SAFETY: as in `cachesize`. A discarded page leaves the bound as it was: larger than
     // needed is safe (a truncation is forwarded that had nothing to drop).
-    unsafe { methods().xUnpin.expect("pcache1 has xUnpin")(cache(p).inner, page, discard) }
+    unsafe { (methods().unpin)(cache(p).inner, page, discard) }
 }
 
-unsafe extern "C" fn rekey(
-    p: *mut ffi::sqlite3_pcache,
-    page: *mut ffi::sqlite3_pcache_page,
-    old: c_uint,
-    new: c_uint,
-) {
+unsafe extern "C" fn rekey(p: Handle, page: Page, old: c_uint, new: c_uint) {
     // SAFETY: as in `cachesize`.
     let cache = unsafe { cache(p) };
-    unsafe { methods().xRekey.expect("pcache1 has xRekey")(cache.inner, page, old, new) };
+    unsafe { (methods().rekey)(cache.inner, page, old, new) };
     if new == cache.parking {
         cache.parked = true;
     } else {
@@ -217,28 +227,28 @@ unsafe extern "C" fn rekey(
     }
 }
 
-unsafe extern "C" fn truncate(p: *mut ffi::sqlite3_pcache, limit: c_uint) {
+unsafe extern "C" fn truncate(p: Handle, limit: c_uint) {
     // SAFETY: as in `cachesize`.
     let cache = unsafe { cache(p) };
     // Every page has a number at most `bound`: none is at `limit` or above, nothing to drop.
     if limit > cache.bound() {
         return;
     }
-    unsafe { methods().xTruncate.expect("pcache1 has xTruncate")(cache.inner, limit) };
+    unsafe { (methods().truncate)(cache.inner, limit) };
     cache.max_key = cache.max_key.min(limit.saturating_sub(1));
     cache.parked &= cache.parking < limit;
 }
 
-unsafe extern "C" fn destroy(p: *mut ffi::sqlite3_pcache) {
+unsafe extern "C" fn destroy(p: Handle) {
     // SAFETY: `p` came from `create`'s `Box::into_raw`, and SQLite calls nothing on it after
     // this: the box is taken back once.
     let cache = unsafe { Box::from_raw(p.cast::<Cache>()) };
-    unsafe { methods().xDestroy.expect("pcache1 has xDestroy")(cache.inner) }
+    unsafe { (methods().destroy)(cache.inner) }
 }
 
-unsafe extern "C" fn shrink(p: *mut ffi::sqlite3_pcache) {
+unsafe extern "C" fn shrink(p: Handle) {
     // SAFETY: as in `cachesize`.
-    unsafe { methods().xShrink.expect("pcache1 has xShrink")(cache(p).inner) }
+    unsafe { (methods().shrink)(cache(p).inner) }
 }
 
 #[cfg(test)]
