@@ -278,14 +278,14 @@ mod tests {
     /// A registry in `dir` and the thread's connection and batch numbers beside it.
     async fn beside(dir: &Path) -> (Arc<Registry>, Connection, Arc<Durability>) {
         let r = Registry::open(RegistryConfig::new(dir)).await.unwrap();
-        let file: String =
-            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
-                .fetch_one(r.meta().writer())
-                .await
-                .unwrap();
+        let file = crate::meta::sqlite_file(r.meta().writer())
+            .await
+            .unwrap()
+            .expect("the registry's database is a file");
         let (durability, _flushes) =
-            pin_sync::start::<Answer>(format!("{file}-wal").into(), || {}).unwrap();
-        (r, open(Path::new(&file)).unwrap(), durability)
+            crate::meta::runs::start_flusher::<Answer>(&file, &Default::default())
+                .expect("the WAL flusher starts");
+        (r, open(&file).unwrap(), durability)
     }
 
     /// The thread writes exactly the common case of a batch (new pins of live runs, the

@@ -697,7 +697,7 @@ fn start_pin_thread(
 
 /// The flusher ([`pin_sync`]) of `database`'s WAL, counting its flushes in `stats`; `None`
 /// (each batch then flushes in its commit) when its thread cannot be started.
-fn start_flusher<A: Send + 'static>(
+pub(super) fn start_flusher<A: Send + 'static>(
     database: &std::path::Path,
     stats: &Arc<PinStats>,
 ) -> Option<(Arc<pin_sync::Durability>, pin_sync::Flushes<A>)> {
