@@ -40,6 +40,7 @@ mod revisions;
 mod runs;
 mod skills;
 mod tokens;
+mod wal_checkpoints;
 
 pub use drafts::DraftRow;
 pub use nodes::NodeRow;
@@ -335,7 +336,7 @@ impl MetaStore {
             Dialect::Sqlite => sqlite_file(&writer).await?,
             Dialect::Postgres => None,
         };
-        let pins = runs::PinWriter::start(pin_writer, pool.clone(), dialect, database);
+        let pins = runs::PinWriter::start(pin_writer, dialect, database);
         let store = MetaStore {
             pool,
             writer,

@@ -28,6 +28,7 @@ use super::runs::{
     LivePin, PinRequest, PinStats, PinWriter, first_of_each_pair, sqlite_pin_statements,
     sqlite_requests,
 };
+use super::wal_checkpoints::WalRestart;
 use crate::{RegistryError, Result};
 use rusqlite::Connection;
 use std::collections::HashMap;
@@ -51,12 +52,13 @@ pub(crate) struct PinThread {
 
 impl PinThread {
     /// Opens a connection to `database` (a file in WAL mode, whose WAL `flusher` flushes)
-    /// and starts the thread on it.
+    /// and starts the thread on it; between batches it takes `restart`'s requests.
     pub(crate) fn start(
         database: &Path,
         durability: Arc<Durability>,
         flusher: Flushes<Answer>,
         stats: Arc<PinStats>,
+        restart: Arc<WalRestart>,
     ) -> Result<Self> {
         let connection = open(database).map_err(|e| {
             RegistryError::broken(format!(
@@ -67,7 +69,16 @@ impl PinThread {
         let (queue, requests) = mpsc::channel();
         std::thread::Builder::new()
             .name("skillbox-pin-write".into())
-            .spawn(move || write_batches(connection, requests, &durability, &flusher, &stats))
+            .spawn(move || {
+                write_batches(
+                    connection,
+                    requests,
+                    &durability,
+                    &flusher,
+                    &stats,
+                    &restart,
+                )
+            })
             .map_err(|e| RegistryError::broken(format!("no pin writer thread: {e}")))?;
         Ok(PinThread { queue })
     }
@@ -82,8 +93,9 @@ impl PinThread {
 }
 
 /// The connection, set as the store's own (see `MetaStore::connect`) except that its commits
-/// do not flush: the flusher does, before anyone is answered.
-fn open(database: &Path) -> Result<Connection, BatchFailed> {
+/// do not flush: the flusher does, before anyone is answered. (The WAL's checkpoint thread
+/// opens its connection so too: its checkpoints sync, as `synchronous = NORMAL` has them.)
+pub(super) fn open(database: &Path) -> Result<Connection, BatchFailed> {
     let connection = Connection::open(database)?;
     connection.execute_batch(
         "PRAGMA busy_timeout = 30000;
@@ -105,7 +117,7 @@ fn open(database: &Path) -> Result<Connection, BatchFailed> {
 
 /// Why the thread's connection could not be opened, or a batch not written.
 #[derive(Debug, thiserror::Error)]
-enum BatchFailed {
+pub(super) enum BatchFailed {
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
     #[error("the journal mode is {0}, not wal")]
@@ -120,6 +132,7 @@ fn write_batches(
     durability: &Durability,
     flusher: &Flushes<Answer>,
     stats: &PinStats,
+    restart: &WalRestart,
 ) {
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
@@ -157,6 +170,8 @@ fn write_batches(
                 )));
             }
         }
+        // Between two transactions, with the batch's answers on their way.
+        restart.take_and_checkpoint(&connection);
     }
 }
 

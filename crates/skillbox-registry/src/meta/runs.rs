@@ -2,6 +2,7 @@
 //! that locks its revision row, so collection and revocation serialize with it.
 
 use super::pin_thread::PinThread;
+use super::wal_checkpoints::{self, WalRestart};
 use super::*;
 use skillbox_api::Pin;
 use std::collections::HashMap;
@@ -441,10 +442,10 @@ impl PinWriter {
     pub(super) const MAX_BATCH: usize = 512;
 
     /// Starts the writer task on `writer` (SQLite's one-connection pool, or PostgreSQL's
-    /// pool); on SQLite also the WAL checkpoints, on a connection of `readers`, and, given the
-    /// database's file, the pin writer's thread ([`PinThread`]) and the WAL's flusher
-    /// ([`pin_sync`]). They end when the last store holding the queue is dropped. Without a
-    /// file (a database in memory) each batch's commit flushes by itself.
+    /// pool); on SQLite, given the database's file, also the pin writer's thread
+    /// ([`PinThread`]), the WAL's flusher ([`pin_sync`]) and its checkpoints
+    /// ([`wal_checkpoints`]). They end when the last store holding the queue is dropped.
+    /// Without a file (a database in memory) each batch's commit flushes by itself.
     ///
     /// With the thread, the writer task's batches (the requests the thread leaves) flush in
     /// their own commits: one producer of numbered batches, so the flusher sees them in order.
@@ -452,14 +453,14 @@ impl PinWriter {
     /// flusher.
     pub(crate) fn start(
         writer: AnyPool,
-        readers: AnyPool,
         dialect: Dialect,
         database: Option<std::path::PathBuf>,
     ) -> Self {
         let (queue, requests) = tokio::sync::mpsc::unbounded_channel();
         let stats = Arc::<PinStats>::default();
+        let restart = Arc::<WalRestart>::default();
         let (thread, durability, deferred) = match database.as_deref() {
-            Some(database) => match start_pin_thread(database, &stats) {
+            Some(database) => match start_pin_thread(database, &stats, &restart) {
                 Some((thread, durability)) => (Some(thread), Some(durability), None),
                 None => {
                     let deferred = start_flusher(database, &stats).map(|(durability, flushes)| {
@@ -477,19 +478,14 @@ impl PinWriter {
             },
             None => (None, None, None),
         };
+        let checkpoints = database
+            .as_deref()
+            .and_then(|database| start_checkpoints(database, restart));
         let write = Self::write_batches(writer, dialect, requests, stats.clone(), deferred);
-        match dialect {
-            Dialect::Sqlite => {
-                tokio::spawn(async move {
-                    let checkpoints = tokio::spawn(checkpoint_in_background(readers));
-                    write.await;
-                    checkpoints.abort();
-                });
-            }
-            Dialect::Postgres => {
-                tokio::spawn(write);
-            }
-        }
+        tokio::spawn(async move {
+            write.await;
+            drop(checkpoints);
+        });
         PinWriter {
             thread,
             queue: Some(queue),
@@ -684,9 +680,17 @@ impl PinWriter {
 fn start_pin_thread(
     database: &std::path::Path,
     stats: &Arc<PinStats>,
+    restart: &Arc<WalRestart>,
 ) -> Option<(PinThread, Arc<pin_sync::Durability>)> {
     let (durability, flushes) = start_flusher(database, stats)?;
-    match PinThread::start(database, durability.clone(), flushes, stats.clone()) {
+    let started = PinThread::start(
+        database,
+        durability.clone(),
+        flushes,
+        stats.clone(),
+        restart.clone(),
+    );
+    match started {
         Ok(thread) => Some((thread, durability)),
         Err(e) => {
             tracing::warn!(error = %e, "no pin writer thread: pins are written by the writer task");
@@ -711,38 +715,19 @@ pub(super) fn start_flusher<A: Send + 'static>(
         .ok()
 }
 
-/// SQLite's WAL copied back into the database every [`CHECKPOINT_INTERVAL`] by a passive
-/// checkpoint on a reader's connection, which runs beside the writer instead of inside one of
-/// its commits (SQLite's automatic checkpoint runs in the commit that fills the WAL: that
-/// commit, and every activation waiting behind it, paid for copying thousands of pages).
-///
-/// It does not keep the WAL short: the WAL starts over only when a write transaction begins
-/// with every frame copied back, which under a steady stream of pin batches happens by
-/// chance. Measured in `scripts/bench-runs` (new pins): the WAL often grows to the automatic
-/// checkpoint's threshold, whose commit then has little left to copy but still syncs the WAL
-/// and the database (one fsync of the database took 43–59 ms beside the flusher's). A lower
-/// threshold on the pin thread's connection (4,096 pages) made the p99 worse, not better.
-async fn checkpoint_in_background(readers: AnyPool) {
-    let mut every = tokio::time::interval(CHECKPOINT_INTERVAL);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        if readers.is_closed() {
-            return;
-        }
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .execute(&readers)
-            .await
-        {
-            tracing::warn!(error = %e, "WAL checkpoint failed; the next one retries");
-        }
-    }
+/// The WAL's checkpoint thread ([`wal_checkpoints`]) of `database`, asking `restart` for
+/// restarts; `None` (SQLite's automatic checkpoint then keeps the WAL short) when it cannot
+/// be started.
+fn start_checkpoints(
+    database: &std::path::Path,
+    restart: Arc<WalRestart>,
+) -> Option<wal_checkpoints::WalCheckpoints> {
+    wal_checkpoints::start(database, restart)
+        .inspect_err(|e| {
+            tracing::warn!(error = %e, "no WAL checkpoint thread: the automatic checkpoint keeps the WAL short");
+        })
+        .ok()
 }
-
-/// How often [`checkpoint_in_background`] runs: often enough that the automatic checkpoint
-/// (threshold set in [`MetaStore::connect`]) finds little left to copy under a full write load
-/// (~130 MB/s of WAL in `scripts/bench-runs`).
-const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The common case of pinning, however many requests: every request for a live run, an
 /// authorized active skill and an available revision, not pinned yet, is pinned by one
@@ -1252,7 +1237,7 @@ pub(super) mod tests {
         (request, tokio::sync::oneshot::channel().0)
     }
 
-    /// SQLite's WAL is copied back by the background checkpoint, with no commit running one
+    /// SQLite's WAL is copied back by the checkpoint thread, with no commit running one
     /// (the automatic checkpoint waits for 32,768 pages; the schema wrote far fewer).
     #[tokio::test]
     async fn the_wal_is_checkpointed_beside_the_writer() {
