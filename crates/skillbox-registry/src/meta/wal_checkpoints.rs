@@ -35,11 +35,11 @@ use std::time::Duration;
 /// How often the WAL is copied back: under the full write load of `scripts/bench-runs`
 /// (~2,000 frames in that time) a pass and its sync take ~10–20 ms. Passes every 250 ms wrote
 /// fewer pages (a page changed twice is copied once) but made the p99 at 64 connections worse.
-pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
+const INTERVAL: Duration = Duration::from_millis(100);
 
 /// The WAL's length (frames of one page) from which a pass that found it all copied asks for
 /// a restart: ~0.5 s of the full write load of `scripts/bench-runs`, a 32 MiB WAL.
-pub(crate) const RESTART_FRAMES: i64 = 8192;
+const RESTART_FRAMES: i64 = 8192;
 
 /// A restart asked for by the checkpoint thread, taken by the pin writer's thread.
 #[derive(Default)]
@@ -131,9 +131,13 @@ fn checkpoint(connection: &Connection) -> rusqlite::Result<Pass> {
     })
 }
 
-/// One pass of the thread: a checkpoint, then the database file synced if it copied anything
-/// since the `last` pass. Returns whether a restart is due (`restart_frames` frames, all
-/// copied).
+/// One pass of the thread: a checkpoint, then the database file synced if it copied part of
+/// the WAL since the `last` pass. Returns whether a restart is due (`restart_frames` frames,
+/// all copied).
+///
+/// The sync is for speed, not safety: a partial checkpoint's pages are still in the WAL, and
+/// the checkpoint that copies the last frames syncs the database itself (so a pass that
+/// found everything copied has nothing to add).
 fn pass(
     connection: &Connection,
     database: &std::fs::File,
@@ -141,7 +145,8 @@ fn pass(
     restart_frames: i64,
 ) -> Result<bool, Failed> {
     let now = checkpoint(connection)?;
-    if now.copied > 0 && *last != Some(now) {
+    let progressed = last.is_none_or(|last| last.copied != now.copied);
+    if 0 < now.copied && now.copied < now.frames && progressed {
         database.sync_data().map_err(Failed::Sync)?;
     }
     *last = Some(now);
