@@ -95,20 +95,13 @@ impl PinThread {
 /// The connection, set as the store's own (see `MetaStore::connect`) except that its commits
 /// do not flush: the flusher does, before anyone is answered. (The WAL's checkpoint thread
 /// opens its connection so too: its checkpoints sync, as `synchronous = NORMAL` has them.)
-///
-/// Its cache may grow to 256 MiB where the store's connections keep 16 MiB: every new pin
-/// descends `run_skills` and `pins` at a random run, and once those outgrow the cache each
-/// descent reads its leaf again through the kernel. In `scripts/bench-runs` (16,000 runs,
-/// ~100 MB of the two tables) the larger cache gave ~18% more new pins per second at both
-/// connection counts (docs/BENCHMARKS.md, fifteenth session). Pages are allocated as they are
-/// read, so a small database uses no more than before.
 pub(super) fn open(database: &Path) -> Result<Connection, BatchFailed> {
     let connection = Connection::open(database)?;
     connection.execute_batch(
         "PRAGMA busy_timeout = 30000;
          PRAGMA foreign_keys = ON;
          PRAGMA synchronous = NORMAL;
-         PRAGMA cache_size = -262144;
+         PRAGMA cache_size = -16384;
          PRAGMA wal_autocheckpoint = 32768;
          PRAGMA temp_store = MEMORY;",
     )?;
