@@ -35,6 +35,9 @@ use std::time::Duration;
 /// How often the WAL is copied back: under the full write load of `scripts/bench-runs`
 /// (~2,000 frames in that time) a pass and its sync take ~10–20 ms. Passes every 250 ms wrote
 /// fewer pages (a page changed twice is copied once) but made the p99 at 64 connections worse.
+/// Passes every 25 ms took ~1.2 ms off the p99 at 8 connections and ~7% off the new-pin rate
+/// (four times the database syncs, each sharing the disk's cache flush with the WAL's); 50 ms
+/// gained nothing (docs/BENCHMARKS.md, fifteenth session).
 const INTERVAL: Duration = Duration::from_millis(100);
 
 /// The WAL's length (frames of one page) from which a pass that found it all copied asks for
