@@ -165,6 +165,8 @@ impl Registry {
         self.manifests.retain(|d| live_now.contains(&d.to_string()));
         self.frontmatters
             .retain(|d| live_now.contains(&d.to_string()));
+        self.activation_answers
+            .retain(|d| live_now.contains(&d.to_string()));
         tracing::info!(
             revisions = report.revisions.len(),
             trees = report.trees_removed,

@@ -87,6 +87,8 @@ pub struct Registry {
     instructions: Memo<String>,
     /// Revisions' frontmatter by digest (it is parsed from the SKILL.md the digest covers).
     pub(crate) frontmatters: Memo<serde_json::Value>,
+    /// Activation answers' JSON by digest (see `Registry::activate_json`).
+    pub(crate) activation_answers: Memo<runs::AnswerJson>,
     /// Bumped after every committed change (here, or on PostgreSQL on any server): wakes
     /// event streams.
     changes: Arc<tokio::sync::watch::Sender<u64>>,
@@ -220,6 +222,7 @@ impl Registry {
             pin_cache,
             instructions: Memo::default(),
             frontmatters: Memo::default(),
+            activation_answers: Memo::default(),
             changes,
             _listener: listener,
         }))

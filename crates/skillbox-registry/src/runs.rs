@@ -157,13 +157,43 @@ impl Registry {
         skill: &str,
         requested: Option<i64>,
     ) -> Result<Activation> {
+        self.activate_as(workspace, run_id, skill, requested).await
+    }
+
+    /// [`Self::activate`], answered as the JSON of its [`Activation`], as the HTTP route sends
+    /// it: made once per revision (its skill, revision and digest determine it) and kept, so
+    /// that an activation builds and serializes no answer of its own.
+    pub async fn activate_json(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        requested: Option<i64>,
+    ) -> Result<bytes::Bytes> {
+        let ActivationJson(body) = self
+            .activate_as(workspace, run_id, skill, requested)
+            .await?;
+        Ok(body)
+    }
+
+    async fn activate_as<A: ActivationAnswer>(
+        &self,
+        workspace: &str,
+        run_id: &str,
+        skill: &str,
+        requested: Option<i64>,
+    ) -> Result<A> {
         let now = now_ms();
         let key = (workspace.to_string(), run_id.to_string(), skill.to_string());
+        // Read once, before the cache is asked and the pin decided: an entry stored below
+        // with it is dropped if anything moved the generation meanwhile.
+        let generation = self.pin_cache.generation();
         // Re-activation is the common case: a cached pin (live run, available revision as of
         // the cache's generation) answers it without the database.
-        if let Some(cached) = self.pin_cache.get(&key).filter(|p| p.expires_at > now) {
+        let cached = self.pin_cache.get_at(&key, generation);
+        if let Some(cached) = cached.filter(|p| p.expires_at > now) {
             check_requested(skill, cached.revision, requested)?;
-            let answer = self.answer_activation(skill, &cached).await?;
+            let answer = A::answer(self, skill, &cached).await?;
             if cached.expires_at - now < cached.ttl_ms / 2 {
                 self.touch_lease(run_id, cached.ttl_ms, cached.expires_at)
                     .await?;
@@ -171,7 +201,6 @@ impl Registry {
             }
             return Ok(answer);
         }
-        let generation = self.pin_cache.generation();
         // The existing pin, or a new one written (and durable) now.
         let (pin, written) = self
             .meta
@@ -202,7 +231,7 @@ impl Registry {
             ttl_ms: pin.ttl_ms,
             manifest,
         });
-        let answer = self.answer_activation(skill, &cached).await?;
+        let answer = A::answer(self, skill, &cached).await?;
         self.touch_lease(run_id, pin.ttl_ms, pin.expires_at).await?;
         self.pin_cache.put(key, generation, cached);
         Ok(answer)
@@ -242,6 +271,28 @@ impl Registry {
             frontmatter: (*frontmatter).clone(),
             files: pin.manifest.entries().to_vec(),
         })
+    }
+
+    /// [`Self::answer_activation`]'s JSON, from the memo of answers when it holds this
+    /// revision's under this skill name.
+    async fn activation_json(&self, skill: &str, pin: &CachedPin) -> Result<bytes::Bytes> {
+        let known = self.activation_answers.get(&pin.digest).filter(|a| {
+            a.skill == skill && a.skill_id == pin.skill_id && a.revision == pin.revision
+        });
+        if let Some(known) = known {
+            return Ok(known.body.clone());
+        }
+        let activation = self.answer_activation(skill, pin).await?;
+        let body =
+            bytes::Bytes::from(serde_json::to_vec(&activation).map_err(RegistryError::internal)?);
+        let answer = AnswerJson {
+            skill: activation.skill,
+            skill_id: activation.skill_id,
+            revision: activation.revision,
+            body: body.clone(),
+        };
+        self.activation_answers.insert(pin.digest, answer);
+        Ok(body)
     }
 
     /// The pinned revision's row, manifest and instructions, or why they are unavailable.
@@ -504,6 +555,39 @@ pub fn xml_escape(s: &str) -> String {
 /// (workspace, run id, skill name)
 pub(crate) type PinKey = (String, String, String);
 
+/// What an activation answers with, once its pin is decided: the [`Activation`], or its JSON.
+trait ActivationAnswer: Sized {
+    async fn answer(registry: &Registry, skill: &str, pin: &CachedPin) -> Result<Self>;
+}
+
+impl ActivationAnswer for Activation {
+    async fn answer(registry: &Registry, skill: &str, pin: &CachedPin) -> Result<Self> {
+        registry.answer_activation(skill, pin).await
+    }
+}
+
+/// An [`Activation`] as JSON ([`Registry::activate_json`]).
+struct ActivationJson(bytes::Bytes);
+
+impl ActivationAnswer for ActivationJson {
+    async fn answer(registry: &Registry, skill: &str, pin: &CachedPin) -> Result<Self> {
+        registry
+            .activation_json(skill, pin)
+            .await
+            .map(ActivationJson)
+    }
+}
+
+/// A revision's activation answer as JSON, by digest in [`Registry`]'s memo, with what else
+/// it holds: a digest's content may be published under other skills and revisions, whose
+/// answers differ in these.
+pub(crate) struct AnswerJson {
+    skill: String,
+    skill_id: String,
+    revision: i64,
+    body: bytes::Bytes,
+}
+
 /// A resolved pin of a live run on an available revision, as of a cache generation.
 pub(crate) struct CachedPin {
     skill_id: String,
@@ -641,7 +725,13 @@ impl PinCache {
     }
 
     fn get(&self, key: &PinKey) -> Option<Arc<CachedPin>> {
-        let g = self.generation()?;
+        self.get_at(key, self.generation())
+    }
+
+    /// The entry of `key` if it was stored at `generation`, a generation just read (one read
+    /// serves the lookup and, for an activation, the entry it stores).
+    fn get_at(&self, key: &PinKey, generation: Option<u64>) -> Option<Arc<CachedPin>> {
+        let g = generation?;
         let entries = self.entries.lock().ok()?;
         entries
             .get(key)

@@ -267,6 +267,39 @@ async fn a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision(
 }
 storage_test!(a_run_sees_its_pin_whatever_is_published_and_refuses_a_second_revision);
 
+/// The JSON answer (`activate_json`, what the HTTP route sends) is the `Activation` of the
+/// same pin, also where one content (one digest, whose answers are kept) is published as two
+/// revisions and in two workspaces.
+async fn an_activation_answers_the_same_as_json_whatever_shares_its_content(storage: Storage) {
+    let (r, _dir) = open(storage).await;
+    publish(&r, "demo", 0, "v1").await.unwrap();
+    publish(&r, "demo", 1, "v2").await.unwrap();
+    let again = publish(&r, "demo", 2, "v1").await.unwrap();
+    assert_eq!((again.revision, again.replayed), (3, false));
+    let staging = r.new_staging("test-").unwrap();
+    std::fs::write(staging.path().join("upload"), package("demo", "v1")).unwrap();
+    r.publish_archive("other", "demo", 0, staging, None, "test")
+        .await
+        .unwrap();
+    let mut digests = std::collections::HashSet::new();
+    for (ws, revision) in [(WS, Some(1)), (WS, Some(3)), ("other", None), (WS, Some(1))] {
+        let run = r.create_run(ws, None, None, false).await.unwrap().run_id;
+        // First as JSON (a new pin), then again (the pin cache's answer), then as the struct.
+        let first = r.activate_json(ws, &run, "demo", revision).await.unwrap();
+        let cached = r.activate_json(ws, &run, "demo", None).await.unwrap();
+        let activation = r.activate(ws, &run, "demo", None).await.unwrap();
+        for body in [first, cached] {
+            let answer: skillbox_api::Activation = serde_json::from_slice(&body).unwrap();
+            assert_eq!(answer, activation);
+        }
+        assert_eq!(activation.revision, revision.unwrap_or(1));
+        assert_eq!(activation.instructions.trim(), "# demo v1");
+        digests.insert(activation.digest);
+    }
+    assert_eq!(digests.len(), 1, "one content throughout");
+}
+storage_test!(an_activation_answers_the_same_as_json_whatever_shares_its_content);
+
 async fn collection_keeps_the_current_and_pinned_revisions_and_takes_the_rest(storage: Storage) {
     let (r, _dir) = open(storage).await;
     for (base, v) in [(0, "v1"), (1, "v2"), (2, "v3"), (3, "v4")] {

@@ -7,11 +7,9 @@ use crate::error::ApiResult;
 use crate::extract::{ApiJson, ApiPath};
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
-use skillbox_api::{
-    Activate, Activation, CreateRun, LiveRun, Prompt, PromptSkill, RunList, RunView,
-};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use skillbox_api::{Activate, CreateRun, LiveRun, Prompt, PromptSkill, RunList, RunView};
 
 pub async fn create(
     State(s): State<SharedState>,
@@ -82,12 +80,14 @@ pub async fn activate(
     State(s): State<SharedState>,
     ApiPath((ws, run)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<Activate>,
-) -> ApiResult<Json<Activation>> {
-    let a = s
+) -> ApiResult<Response> {
+    // An `Activation`, serialized once per revision by the registry.
+    let answer = s
         .registry
-        .activate(&ws, &run, &body.skill, body.revision)
+        .activate_json(&ws, &run, &body.skill, body.revision)
         .await?;
-    Ok(Json(a))
+    let json = HeaderValue::from_static("application/json");
+    Ok(([(header::CONTENT_TYPE, json)], answer).into_response())
 }
 
 pub async fn pinned_file(
