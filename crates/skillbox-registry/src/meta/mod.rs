@@ -305,8 +305,8 @@ impl MetaStore {
                     .await?;
                 (writer.clone(), writer)
             }
-            // The pin batches get connections of their own, one per batch in flight, whose
-            // planner never scans a whole table nor hashes one for a join. It plans a batch's
+            // The pin batches get a connection of their own (one batch is written at a
+            // time), whose planner never scans a whole table nor hashes one for a join. It plans a batch's
             // statement once per connection for any number of requests, so it cannot know
             // how few a batch holds (it assumes 100), and on a table of a few thousand runs
             // it chose to read them all rather than look up a handful by key (with two
@@ -315,7 +315,7 @@ impl MetaStore {
             // pin writer finds its rows by primary key whatever the statistics say.
             Dialect::Postgres => {
                 let pins = opts
-                    .max_connections(runs::PinWriter::in_flight(dialect) as u32)
+                    .max_connections(1)
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             use sqlx::Executor;

@@ -25,8 +25,8 @@
 
 use super::pin_sync::{self, Durability, Flushes};
 use super::runs::{
-    LivePin, PinRequest, PinStats, PinWriter, first_of_each_pair, sqlite_pin_statements,
-    sqlite_requests,
+    LivePin, PinRequest, PinStats, PinWriter, first_of_each_pair, sqlite_existing_pins,
+    sqlite_pin_statements,
 };
 use super::wal_checkpoints::WalRestart;
 use crate::{RegistryError, Result};
@@ -223,7 +223,7 @@ fn write(
             .copied()
             .filter(|r| !pins.contains_key(&(r.run_id.clone(), r.skill.clone())))
             .collect();
-        for_each_row(&tx, &existing_pins(rest.len()), &rest, |row| {
+        for_each_row(&tx, &sqlite_existing_pins(rest.len()), &rest, |row| {
             let key: (String, String) = (row.get(0)?, row.get(1)?);
             let pin = LivePin {
                 skill_id: row.get(2)?,
@@ -239,24 +239,6 @@ fn write(
     let number = durability.start_batch();
     tx.commit()?;
     Ok((number, pins))
-}
-
-/// The existing pins of `n` requests (listed as in [`sqlite_pin_statements`]) whose run is
-/// live and authorizes the skill, where no other revision is requested (the long way says
-/// why not): `run_id, skill_name, skill_id, revision, digest, ttl_ms, expires_at`. As the long
-/// way reads them, and with its answer (an existing pin is not written, and its lease is
-/// renewed by the activation like any activity's).
-fn existing_pins(n: usize) -> String {
-    format!(
-        "{} SELECT req.run_id, req.skill, p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
-         FROM req
-         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
-             AND r.state = 'active' AND r.expires_at > req.now
-         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
-         JOIN pins p ON p.run_id = r.id AND p.skill_id = rs.skill_id
-         WHERE req.requested IS NULL OR req.requested = p.revision",
-        sqlite_requests(n)
-    )
 }
 
 /// Runs `sql` (cached), whose one list of requests ([`sqlite_requests`]) is bound to

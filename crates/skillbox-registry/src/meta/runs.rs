@@ -412,13 +412,15 @@ impl PinStats {
 /// next transaction — one commit, one WAL flush — and each caller is answered only after the
 /// commit of the batch holding its pin returned.
 ///
-/// SQLite has one writer, and every commit waits for its own fsync: batches commit one after
-/// another. With the database in a file, the common case of each batch is written by a thread
+/// Batches commit one after another. SQLite has one writer, and every commit waits for its own
+/// fsync. With the database in a file, the common case of each batch is written by a thread
 /// of its own ([`PinThread`]) and flushed by another ([`pin_sync`]); only the requests it
-/// leaves come to the writer task. PostgreSQL commits sessions concurrently, but a
-/// transaction per pin still costs its round trips and its commit record: there a few batches
-/// are in flight at once (each on a connection of its own), so a batch waiting for its flush
-/// does not hold the next back.
+/// leaves come to the writer task. PostgreSQL could commit several batches concurrently, but
+/// each batch pays a statement's start, a transaction and a commit whatever it holds, and
+/// those, not the flush, are what its pins cost on a busy machine: one batch in flight per
+/// server makes the batches larger (`scripts/bench-scale-out`: two servers 7.4–8.8k new
+/// pins/s with four in flight, 9.4–11.1k/s with one; one server no slower; see
+/// docs/BENCHMARKS.md).
 #[derive(Clone, Default)]
 pub(crate) struct PinWriter {
     /// SQLite in WAL mode: the common case of every pin, on a thread of its own.
@@ -503,14 +505,6 @@ impl PinWriter {
         }
     }
 
-    /// Batches in flight at once: SQLite's one writer takes one at a time.
-    pub(crate) fn in_flight(dialect: Dialect) -> usize {
-        match dialect {
-            Dialect::Sqlite => 1,
-            Dialect::Postgres => 4,
-        }
-    }
-
     async fn write_batches(
         writer: AnyPool,
         dialect: Dialect,
@@ -518,28 +512,13 @@ impl PinWriter {
         stats: Arc<PinStats>,
         deferred: Option<DeferredFlush>,
     ) {
-        let deferred = deferred.map(Arc::new);
-        let slots = Arc::new(tokio::sync::Semaphore::new(Self::in_flight(dialect)));
         loop {
-            // A slot first, then the requests: those arriving while every slot is busy
-            // gather into the next batch.
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
+            // Requests arriving while a batch is written gather into the next one.
             let mut batch = Vec::new();
             if requests.recv_many(&mut batch, Self::MAX_BATCH).await == 0 {
                 return;
             }
-            let (writer, stats, deferred) = (writer.clone(), stats.clone(), deferred.clone());
-            let write = async move {
-                Self::write_and_answer(&writer, dialect, batch, &stats, deferred.as_deref()).await;
-                drop(slot);
-            };
-            if dialect == Dialect::Sqlite {
-                write.await;
-            } else {
-                tokio::spawn(write);
-            }
+            Self::write_and_answer(&writer, dialect, batch, &stats, deferred.as_ref()).await;
         }
     }
 
@@ -558,7 +537,7 @@ impl PinWriter {
         };
         let answers = match Self::write_together(writer, dialect, &batch, stats, commit).await {
             Ok(answers) => answers,
-            // A database error anywhere (on PostgreSQL also a deadlock with a concurrent batch)
+            // A database error anywhere (on PostgreSQL also a deadlock with another server's batch)
             // rolled the whole batch back: each pin again in a transaction of its own, so each
             // gets its own answer.
             Err(_) => {
@@ -625,17 +604,18 @@ impl PinWriter {
         // COMMIT; PostgreSQL: one statement); the rest (if any) get a transaction of their own.
         let mut fresh =
             pin_common(&mut *writer.acquire().await?, dialect, commit, &requests).await?;
+        let wrote = fresh.values().filter(|(_, wrote)| *wrote).count() as u64;
         match commit {
-            Transaction::OwnUnflushed => stats.wrote(fresh.len() as u64),
-            _ => stats.committed(fresh.len() as u64),
+            Transaction::OwnUnflushed => stats.wrote(wrote),
+            _ => stats.committed(wrote),
         }
         let mut tx: Option<Tx> = None;
         // Pins written in `tx`, whose commit is still to come.
         let mut written = 0;
         let mut answers = Vec::with_capacity(batch.len());
         for request in requests {
-            if let Some(pin) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
-                answers.push(Ok((pin, true)));
+            if let Some(pinned) = fresh.remove(&(request.run_id.clone(), request.skill.clone())) {
+                answers.push(Ok(pinned));
                 continue;
             }
             // The rest one by one. An answer that is an error wrote nothing (every check
@@ -733,9 +713,10 @@ fn start_checkpoints(
 /// authorized active skill and an available revision, not pinned yet, is pinned by one
 /// `INSERT … SELECT` over the requests; the leases of the runs that got pins are renewed where
 /// less than half is left (as any activity renews a lease: a renewal dirties the run's row,
-/// and most activations come early in their run's lease), and read. Returns those pins by
-/// (run, skill name); the other requests (and repeats of a pair) are left for
-/// [`pin_the_long_way`], which says why they differ.
+/// and most activations come early in their run's lease), and read. The existing pins of
+/// the other requests' live runs are then read where no other revision is requested. Returns
+/// those pins by (run, skill name), each with whether it was written now; the other requests
+/// (and repeats of a pair) are left for [`pin_the_long_way`], which says why they differ.
 ///
 /// SQLite: three statements (insert, renewal, lease read) sent as one query, inside the
 /// caller's transaction ([`Transaction::Open`]) or between their own `BEGIN IMMEDIATE` and
@@ -750,9 +731,9 @@ fn start_checkpoints(
 /// runs it outside a transaction: one round trip and one commit per batch. There no row lock
 /// orders the pins with collection and revocation (see [`pin_insert`] for what does). A pin
 /// committed meanwhile by another transaction is no conflict: nothing is written, and the
-/// long way finds that pin. An existing pin is found
-/// the same way, by the conflict (a `NOT EXISTS` probe instead was planned by PostgreSQL as a
-/// scan of every pin of the skill per request).
+/// long way finds that pin. The insert skips an existing pin by the conflict (a `NOT EXISTS`
+/// probe instead was planned by PostgreSQL as a scan of every pin of the skill per request),
+/// and the read after it finds that pin.
 ///
 /// On PostgreSQL the requests travel as one JSON parameter, so the statement has one text
 /// whatever the batch's size: it is parsed once per connection and stays in its statement
@@ -764,7 +745,7 @@ async fn pin_common(
     dialect: Dialect,
     transaction: Transaction,
     requests: &[&PinRequest],
-) -> Result<HashMap<(String, String), LivePin>> {
+) -> Result<HashMap<(String, String), (LivePin, bool)>> {
     let requests = first_of_each_pair(requests);
     let mut pins = HashMap::new();
     if requests.is_empty() {
@@ -772,15 +753,14 @@ async fn pin_common(
     }
     match dialect {
         Dialect::Postgres => {
-            let requests = serde_json::to_string(&requests).map_err(RegistryError::internal)?;
             let rows = sqlx::query(AssertSqlSafe(PIN_COMMON_POSTGRES.as_str()))
-                .bind(requests)
+                .bind(requests_json(&requests)?)
                 .fetch_all(&mut *conn)
                 .await?;
             for row in rows {
                 let lease = (row.try_get(5)?, row.try_get(6)?);
                 let (key, pin) = inserted_pin(&row, lease)?;
-                pins.insert(key, pin);
+                pins.insert(key, (pin, true));
             }
         }
         Dialect::Sqlite => {
@@ -851,11 +831,46 @@ async fn pin_common(
                     )));
                 };
                 let (key, pin) = inserted_pin(&row, lease)?;
-                pins.insert(key, pin);
+                pins.insert(key, (pin, true));
             }
         }
     }
+    // The rest may be pins that exist (activated before, not in this server's pin cache: after
+    // a restart, or on another server): found here, as the long way would find them, with one
+    // more statement only for a batch that has such requests. (Requests are one per pair: when
+    // every one was inserted there is no rest to look for.)
+    if pins.len() < requests.len() {
+        let rest: Vec<&PinRequest> = requests
+            .into_iter()
+            .filter(|r| !pins.contains_key(&(r.run_id.clone(), r.skill.clone())))
+            .collect();
+        let query = match dialect {
+            Dialect::Postgres => sqlx::query(AssertSqlSafe(EXISTING_PINS_POSTGRES.as_str()))
+                .bind(requests_json(&rest)?),
+            Dialect::Sqlite => rest.iter().fold(
+                sqlx::query(AssertSqlSafe(sqlite_existing_pins(rest.len()))),
+                |query, r| {
+                    query
+                        .bind(r.run_id.clone())
+                        .bind(r.workspace.clone())
+                        .bind(r.skill.clone())
+                        .bind(r.requested)
+                        .bind(r.now)
+                },
+            ),
+        };
+        for row in query.fetch_all(&mut *conn).await? {
+            let lease = (row.try_get(5)?, row.try_get(6)?);
+            let (key, pin) = inserted_pin(&row, lease)?;
+            pins.insert(key, (pin, false));
+        }
+    }
     Ok(pins)
+}
+
+/// Requests as the JSON array PostgreSQL's pin statements take as `$1`.
+fn requests_json(requests: &[&PinRequest]) -> Result<String> {
+    serde_json::to_string(requests).map_err(RegistryError::internal)
 }
 
 /// The first request for each (run, skill) pair, in order: the common case writes those, and
@@ -1044,6 +1059,42 @@ static PIN_COMMON_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::n
     )
 });
 
+/// [`pin_common`]'s read of existing pins on PostgreSQL, as [`sqlite_existing_pins`] on SQLite:
+/// `$1` is the requests as a JSON array of [`PinRequest`]s. Each lookup is a key probe
+/// written as in [`pin_insert`].
+static EXISTING_PINS_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    "SELECT req.run_id, req.skill, rs.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
+     FROM json_to_recordset($1::json)
+         AS req (run_id text, workspace text, skill text, requested bigint, now bigint)
+     CROSS JOIN LATERAL (SELECT ttl_ms, expires_at FROM runs WHERE id = req.run_id
+         AND workspace = req.workspace AND state || '' = 'active'
+         AND expires_at + 0 > req.now OFFSET 0) r
+     CROSS JOIN LATERAL (SELECT skill_id FROM run_skills
+         WHERE run_id = req.run_id AND skill_name = req.skill OFFSET 0) rs
+     CROSS JOIN LATERAL (SELECT revision, digest FROM pins
+         WHERE run_id = req.run_id AND skill_id = rs.skill_id OFFSET 0) p
+     WHERE req.requested IS NULL OR req.requested = p.revision"
+        .to_string()
+});
+
+/// The existing pins of `n` requests (listed as in [`sqlite_pin_statements`]) whose run is
+/// live and authorizes the skill, where no other revision is requested (the long way says
+/// why not): `run_id, skill_name, skill_id, revision, digest, ttl_ms, expires_at`. As the long
+/// way reads them, and with its answer (an existing pin is not written, and its lease is
+/// renewed by the activation like any activity's).
+pub(super) fn sqlite_existing_pins(n: usize) -> String {
+    format!(
+        "{} SELECT req.run_id, req.skill, p.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
+         FROM req
+         JOIN runs r ON r.id = req.run_id AND r.workspace = req.workspace
+             AND r.state = 'active' AND r.expires_at > req.now
+         JOIN run_skills rs ON rs.run_id = r.id AND rs.skill_name = req.skill
+         JOIN pins p ON p.run_id = r.id AND p.skill_id = rs.skill_id
+         WHERE req.requested IS NULL OR req.requested = p.revision",
+        sqlite_requests(n)
+    )
+}
+
 /// A pin as [`pin_common`]'s insert returned it (`run_id, skill_name, skill_id, revision,
 /// digest`, …), with its run's lease (ttl, expiry): ((run, skill name), pin).
 fn inserted_pin(
@@ -1065,9 +1116,9 @@ fn inserted_pin(
 /// [`MetaStore::pin`] inside `tx`: the pin and whether it was written now. Every error is
 /// found before anything is written.
 async fn pin_in(tx: &mut Tx, dialect: Dialect, request: &PinRequest) -> Result<(LivePin, bool)> {
-    let written = pin_common(tx, dialect, Transaction::Open, &[request]).await?;
-    match written.into_values().next() {
-        Some(pin) => Ok((pin, true)),
+    let found = pin_common(tx, dialect, Transaction::Open, &[request]).await?;
+    match found.into_values().next() {
+        Some(pinned) => Ok(pinned),
         None => pin_the_long_way(tx, request).await,
     }
 }
@@ -1399,10 +1450,7 @@ pub(super) mod tests {
         )
         .await
         .unwrap();
-        let pinned = |i: usize| match &answers[i] {
-            Ok((pin, wrote)) => (pin.revision, *wrote),
-            Err(e) => panic!("request {i}: {e:?}"),
-        };
+        let pinned = |i: usize| pinned_of(&answers, i);
         assert_eq!(pinned(0), (2, true));
         assert_eq!(pinned(1), (1, true));
         assert_eq!(pinned(2), (2, false));
@@ -1464,5 +1512,30 @@ pub(super) mod tests {
         let (pin, _) = answers[0].as_ref().unwrap();
         assert_eq!(pin.expires_at, run.expires_at);
         assert!(r.run("ws", &only_a).await.unwrap().activations.len() == 1);
+
+        // Existing pins alone (as after a restart, or on another server) are found by the
+        // common case: its statement and read, and no transaction of the long way.
+        let again = vec![request(&with_c, "a", None), request(&both, "b", None)];
+        let stats = PinStats::default();
+        let answers = PinWriter::write_together(
+            r.meta.writer(),
+            r.meta.dialect(),
+            &again,
+            &stats,
+            Transaction::Own,
+        )
+        .await
+        .unwrap();
+        assert_eq!(pinned_of(&answers, 0), (2, false));
+        assert_eq!(pinned_of(&answers, 1), (1, false));
+        assert_eq!(stats.commits.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.written.load(Ordering::Relaxed), 0);
+    }
+
+    fn pinned_of(answers: &[Result<(LivePin, bool)>], i: usize) -> (i64, bool) {
+        match &answers[i] {
+            Ok((pin, wrote)) => (pin.revision, *wrote),
+            Err(e) => panic!("request {i}: {e:?}"),
+        }
     }
 }
