@@ -306,13 +306,13 @@ impl MetaStore {
                 (writer.clone(), writer)
             }
             // The pin batches get a connection of their own (one batch is written at a
-            // time), whose planner never scans a whole table nor hashes one for a join. It plans a batch's
-            // statement once per connection for any number of requests, so it cannot know
-            // how few a batch holds (it assumes 100), and on a table of a few thousand runs
-            // it chose to read them all rather than look up a handful by key (with two
-            // servers `perf` caught such plans in some sessions even after the statement
-            // was written as key probes; see docs/BENCHMARKS.md). So each statement of the
-            // pin writer finds its rows by primary key whatever the statistics say.
+            // time), whose planner never scans a whole table nor hashes one for a join. It
+            // plans a batch's statement once per connection for any number of requests, so it
+            // cannot know how few a batch holds (it assumes 100), and on a table of a few
+            // thousand runs it chose to read them all rather than look up a handful by key
+            // (with two servers `perf` caught such plans in some sessions even after the
+            // statement was written as key probes; see docs/BENCHMARKS.md). So each statement
+            // of the pin writer finds its rows by primary key whatever the statistics say.
             Dialect::Postgres => {
                 let pins = opts
                     .max_connections(1)

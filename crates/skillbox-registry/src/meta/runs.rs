@@ -783,17 +783,10 @@ async fn pin_common(
             };
             // Anonymous parameters are taken in order through the query: one set of the
             // requests for each statement that lists them.
-            let mut query = sqlx::query(AssertSqlSafe(text));
-            for _list in 0..SQLITE_PIN_STATEMENTS {
-                for r in &requests {
-                    query = query
-                        .bind(r.run_id.clone())
-                        .bind(r.workspace.clone())
-                        .bind(r.skill.clone())
-                        .bind(r.requested)
-                        .bind(r.now);
-                }
-            }
+            let query = (0..SQLITE_PIN_STATEMENTS)
+                .fold(sqlx::query(AssertSqlSafe(text)), |query, _list| {
+                    bind_sqlite_requests(query, &requests)
+                });
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
                 Err(e) => {
@@ -845,18 +838,10 @@ async fn pin_common(
             .filter(|r| !pins.contains_key(&(r.run_id.clone(), r.skill.clone())))
             .collect();
         let query = match dialect {
-            Dialect::Postgres => sqlx::query(AssertSqlSafe(EXISTING_PINS_POSTGRES.as_str()))
-                .bind(requests_json(&rest)?),
-            Dialect::Sqlite => rest.iter().fold(
+            Dialect::Postgres => sqlx::query(EXISTING_PINS_POSTGRES).bind(requests_json(&rest)?),
+            Dialect::Sqlite => bind_sqlite_requests(
                 sqlx::query(AssertSqlSafe(sqlite_existing_pins(rest.len()))),
-                |query, r| {
-                    query
-                        .bind(r.run_id.clone())
-                        .bind(r.workspace.clone())
-                        .bind(r.skill.clone())
-                        .bind(r.requested)
-                        .bind(r.now)
-                },
+                &rest,
             ),
         };
         for row in query.fetch_all(&mut *conn).await? {
@@ -866,6 +851,22 @@ async fn pin_common(
         }
     }
     Ok(pins)
+}
+
+/// Binds one list of `requests` ([`sqlite_requests`]: five anonymous parameters each, in
+/// order) to `query`.
+fn bind_sqlite_requests<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    requests: &[&PinRequest],
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    requests.iter().fold(query, |query, r| {
+        query
+            .bind(r.run_id.clone())
+            .bind(r.workspace.clone())
+            .bind(r.skill.clone())
+            .bind(r.requested)
+            .bind(r.now)
+    })
 }
 
 /// Requests as the JSON array PostgreSQL's pin statements take as `$1`.
@@ -1062,7 +1063,7 @@ static PIN_COMMON_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::n
 /// [`pin_common`]'s read of existing pins on PostgreSQL, as [`sqlite_existing_pins`] on SQLite:
 /// `$1` is the requests as a JSON array of [`PinRequest`]s. Each lookup is a key probe
 /// written as in [`pin_insert`].
-static EXISTING_PINS_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+const EXISTING_PINS_POSTGRES: &str =
     "SELECT req.run_id, req.skill, rs.skill_id, p.revision, p.digest, r.ttl_ms, r.expires_at
      FROM json_to_recordset($1::json)
          AS req (run_id text, workspace text, skill text, requested bigint, now bigint)
@@ -1073,9 +1074,7 @@ static EXISTING_PINS_POSTGRES: std::sync::LazyLock<String> = std::sync::LazyLock
          WHERE run_id = req.run_id AND skill_name = req.skill OFFSET 0) rs
      CROSS JOIN LATERAL (SELECT revision, digest FROM pins
          WHERE run_id = req.run_id AND skill_id = rs.skill_id OFFSET 0) p
-     WHERE req.requested IS NULL OR req.requested = p.revision"
-        .to_string()
-});
+     WHERE req.requested IS NULL OR req.requested = p.revision";
 
 /// The existing pins of `n` requests (listed as in [`sqlite_pin_statements`]) whose run is
 /// live and authorizes the skill, where no other revision is requested (the long way says
