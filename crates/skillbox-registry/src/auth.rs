@@ -115,10 +115,17 @@ impl Registry {
         }
         // Lookup by the hash of a 256-bit secret: timing reveals nothing usable about it.
         // Tokens never change once minted, so a hit is cached for the process's lifetime.
-        let hash = token_hash(token);
-        if let Some(p) = self.tokens.lock().ok().and_then(|c| c.get(&hash).cloned()) {
+        // Cached by the hash's bytes: its hex (the stored key) is made only on a miss.
+        let digest = Sha256::of(token.as_bytes());
+        if let Some(p) = self
+            .tokens
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&digest).cloned())
+        {
             return Ok(Some(p));
         }
+        let hash = digest.to_hex();
         let principal = self.meta.token(&hash).await?.and_then(|(workspace, role)| {
             if role == NODE_ROLE {
                 return Some(Principal::Node {
@@ -131,7 +138,7 @@ impl Registry {
             if c.len() >= 100_000 {
                 c.clear();
             }
-            c.insert(hash, p.clone());
+            c.insert(digest, p.clone());
         }
         Ok(principal)
     }

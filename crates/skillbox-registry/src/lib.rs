@@ -83,12 +83,13 @@ pub struct Registry {
     pub(crate) revocations: tokio::sync::broadcast::Sender<(String, i64)>,
     pub(crate) pin_cache: runs::PinCache,
     /// Resolved workspace tokens by hash (immutable once minted).
-    pub(crate) tokens: Mutex<HashMap<String, Principal>>,
+    pub(crate) tokens: Mutex<HashMap<skillbox_package::digest::Sha256, Principal>>,
     instructions: Memo<String>,
     /// Revisions' frontmatter by digest (it is parsed from the SKILL.md the digest covers).
     pub(crate) frontmatters: Memo<serde_json::Value>,
-    /// Activation answers' JSON by digest (see `Registry::activate_json`).
-    pub(crate) activation_answers: Memo<runs::AnswerJson>,
+    /// Activation answers' JSON by digest, one per publication of it (see
+    /// `Registry::activate_json`).
+    pub(crate) activation_answers: Memo<Vec<runs::AnswerJson>>,
     /// Bumped after every committed change (here, or on PostgreSQL on any server): wakes
     /// event streams.
     changes: Arc<tokio::sync::watch::Sender<u64>>,

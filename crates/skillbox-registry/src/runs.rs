@@ -276,22 +276,37 @@ impl Registry {
     /// [`Self::answer_activation`]'s JSON, from the memo of answers when it holds this
     /// revision's under this skill name.
     async fn activation_json(&self, skill: &str, pin: &CachedPin) -> Result<bytes::Bytes> {
-        let known = self.activation_answers.get(&pin.digest).filter(|a| {
+        let known = self.activation_answers.get(&pin.digest);
+        let is_this = |a: &&AnswerJson| {
             a.skill == skill && a.skill_id == pin.skill_id && a.revision == pin.revision
-        });
-        if let Some(known) = known {
-            return Ok(known.body.clone());
+        };
+        if let Some(answer) = known
+            .as_ref()
+            .and_then(|answers| answers.iter().find(is_this))
+        {
+            return Ok(answer.body.clone());
         }
         let activation = self.answer_activation(skill, pin).await?;
         let body =
             bytes::Bytes::from(serde_json::to_vec(&activation).map_err(RegistryError::internal)?);
-        let answer = AnswerJson {
+        // Kept beside the latest answers of the digest's other publications (the same content
+        // in other workspaces or under other names) that fit the bound; a concurrent fill of
+        // the same digest may replace this one, which is made again when next asked.
+        let mut answers = vec![AnswerJson {
             skill: activation.skill,
             skill_id: activation.skill_id,
             revision: activation.revision,
             body: body.clone(),
-        };
-        self.activation_answers.insert(pin.digest, answer);
+        }];
+        let mut bytes = body.len();
+        for other in known.iter().flat_map(|others| others.iter()) {
+            bytes += other.body.len();
+            if answers.len() == AnswerJson::PER_DIGEST || bytes > AnswerJson::BYTES_PER_DIGEST {
+                break;
+            }
+            answers.push(other.clone());
+        }
+        self.activation_answers.insert(pin.digest, answers);
         Ok(body)
     }
 
@@ -578,14 +593,23 @@ impl ActivationAnswer for ActivationJson {
     }
 }
 
-/// A revision's activation answer as JSON, by digest in [`Registry`]'s memo, with what else
-/// it holds: a digest's content may be published under other skills and revisions, whose
-/// answers differ in these.
+/// A revision's activation answer as JSON, kept by digest in [`Registry`]'s memo with what
+/// else it holds: a digest's content may be published under other skills and revisions (the
+/// same skill installed in many workspaces), whose answers differ in these, so the memo keeps
+/// a few per digest.
+#[derive(Clone)]
 pub(crate) struct AnswerJson {
     skill: String,
     skill_id: String,
     revision: i64,
     body: bytes::Bytes,
+}
+
+impl AnswerJson {
+    /// Answers kept per digest (its publications asked for lately, newest first) and the bytes
+    /// they may take together beyond the newest: the memo's bound counts digests, not answers.
+    const PER_DIGEST: usize = 64;
+    const BYTES_PER_DIGEST: usize = 128 * 1024;
 }
 
 /// A resolved pin of a live run on an available revision, as of a cache generation.
@@ -873,7 +897,42 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::{CacheEntries, CachedPin, GenerationFile, PinKey};
+    use crate::meta::publish_in;
+    use crate::{Registry, RegistryConfig};
     use std::sync::Arc;
+
+    /// One content published in three workspaces: the memo of answers keeps each one's, so
+    /// that activations in all of them are answered from it (one kept per digest made every
+    /// activation in another workspace than the last serialize its answer again).
+    #[tokio::test]
+    async fn the_answer_memo_keeps_every_publication_of_a_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Registry::open(RegistryConfig::new(dir.path()))
+            .await
+            .unwrap();
+        let workspaces = ["ws", "other", "third"];
+        for ws in workspaces {
+            publish_in(&r, ws, "a", 0).await;
+        }
+        let mut digests = std::collections::HashSet::new();
+        for ws in workspaces.iter().chain(&workspaces) {
+            let run = r.create_run(ws, None, None, false).await.unwrap().run_id;
+            let body = r.activate_json(ws, &run, "a", None).await.unwrap();
+            let answer: skillbox_api::Activation = serde_json::from_slice(&body).unwrap();
+            digests.insert(answer.digest);
+        }
+        assert_eq!(digests.len(), 1, "one content in every workspace");
+        let digest = digests.into_iter().next().unwrap().parse().unwrap();
+        let answers = r.activation_answers.get(&digest).expect("answers kept");
+        let mut skill_ids: Vec<&str> = answers.iter().map(|a| a.skill_id.as_str()).collect();
+        skill_ids.sort();
+        skill_ids.dedup();
+        assert_eq!(
+            (answers.len(), skill_ids.len()),
+            (3, 3),
+            "one per workspace"
+        );
+    }
 
     fn key(i: usize) -> PinKey {
         ("ws".to_string(), format!("run-{i}"), "skill".to_string())

@@ -45,6 +45,8 @@ mod wal_checkpoints;
 pub use drafts::DraftRow;
 pub use nodes::NodeRow;
 pub use revisions::{Collectable, CommitOutcome, ContentSweep, NewRevision, Revocation};
+#[cfg(test)]
+pub(crate) use runs::tests::publish_in;
 pub use runs::{LivePin, PinRef, PinnedRevision, RunRecord, RunRow};
 pub(crate) use runs::{check_requested, run_state_error};
 

@@ -1244,7 +1244,7 @@ async fn pin_the_long_way(tx: &mut Tx, request: &PinRequest) -> Result<(LivePin,
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{Registry, RegistryConfig};
 
@@ -1261,13 +1261,19 @@ pub(super) mod tests {
     }
 
     pub(in crate::meta) async fn publish(r: &Registry, name: &str, base: i64) {
+        publish_in(r, "ws", name, base).await
+    }
+
+    /// Publishes `name`'s content `v{base}` in `workspace`: the same content, and digest,
+    /// whatever the workspace.
+    pub(crate) async fn publish_in(r: &Registry, workspace: &str, name: &str, base: i64) {
         let staging = r.new_staging("test-").unwrap();
         std::fs::write(
             staging.path().join("upload"),
             package(name, &format!("v{base}")),
         )
         .unwrap();
-        r.publish_archive("ws", name, base, staging, None, "test")
+        r.publish_archive(workspace, name, base, staging, None, "test")
             .await
             .unwrap();
     }
