@@ -67,7 +67,7 @@ pub(super) async fn gc(
 
 pub(super) async fn create_token(c: &Client, role: String, j: bool) -> anyhow::Result<()> {
     let body = CreateToken {
-        workspace: (role != "node").then(|| c.conn.workspace.clone()),
+        workspace: (role != "node").then(|| c.workspace.clone()),
         role,
     };
     let v: TokenCreated = c

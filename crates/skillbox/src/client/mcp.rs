@@ -613,10 +613,11 @@ impl HttpOrigin {
         let client = Arc::new(Client {
             http: self.http.clone(),
             local: Some(self.local.clone()),
+            workspace: workspace.clone(),
             conn: Conn {
                 url: self.base_url.clone(),
                 token: Some(token.to_string()),
-                workspace,
+                workspace: Some(workspace),
                 json: true,
             },
         });
@@ -973,7 +974,7 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
         .try_init();
-    let client = Arc::new(Client::new(conn)?);
+    let client = Arc::new(Client::connect(conn).await?);
     let who = Who::asked(&client).await?;
     let opened = Opened::open(
         client.clone(),

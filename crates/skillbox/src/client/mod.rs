@@ -36,15 +36,10 @@ pub struct Conn {
     /// Bearer token (a workspace token, or the admin token).
     #[arg(long, env = "SKILLBOX_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
-    /// Workspace (tenant).
-    #[arg(
-        long,
-        short = 'w',
-        env = "SKILLBOX_WORKSPACE",
-        default_value = "default",
-        global = true
-    )]
-    pub workspace: String,
+    /// Workspace (tenant). Default: a workspace token's own workspace (asked of the server,
+    /// `GET /v1/whoami`), else `default`.
+    #[arg(long, short = 'w', env = "SKILLBOX_WORKSPACE", global = true)]
+    pub workspace: Option<String>,
     /// Machine-readable output.
     #[arg(long, global = true)]
     pub json: bool,
@@ -172,6 +167,8 @@ impl std::error::Error for ServerError {}
 struct Client {
     http: reqwest::Client,
     conn: Conn,
+    /// `conn`'s workspace, or the one [`Client::connect`] found for its token.
+    workspace: String,
     /// Set inside the server (its MCP endpoint's sessions): requests go to the server's own
     /// router in-process — the same routes, access checks and limits, without a socket.
     local: Option<LocalApi>,
@@ -228,13 +225,36 @@ async fn routed(
     }
 }
 
+/// The workspace of a command run with neither `--workspace` nor a workspace token.
+const DEFAULT_WORKSPACE: &str = "default";
+
 impl Client {
     fn new(conn: Conn) -> anyhow::Result<Self> {
         Ok(Client {
             http: reqwest::Client::builder().build()?,
+            workspace: conn
+                .workspace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_WORKSPACE.into()),
             conn,
             local: None,
         })
+    }
+
+    /// [`Self::new`], in the token's own workspace when none is named: a user holding a
+    /// workspace token should not have to repeat its workspace. Whatever the server does
+    /// not answer here (no token, an unknown one, the admin's, no server) leaves `default`,
+    /// and the command itself reports what is wrong.
+    async fn connect(conn: Conn) -> anyhow::Result<Self> {
+        let mut client = Self::new(conn)?;
+        if client.conn.workspace.is_none() && client.conn.token.is_some() {
+            let who: anyhow::Result<skillbox_api::WhoAmI> =
+                client.get(client.url("/v1/whoami")).await;
+            if let Some(workspace) = who.ok().and_then(|who| who.workspace) {
+                client.workspace = workspace;
+            }
+        }
+        Ok(client)
     }
 
     /// A URL under the workspace: `…/v1/workspaces/{ws}/{rest}`.
@@ -242,7 +262,7 @@ impl Client {
         format!(
             "{}/v1/workspaces/{}/{rest}",
             self.conn.url.trim_end_matches('/'),
-            self.conn.workspace
+            self.workspace
         )
     }
 
@@ -406,7 +426,7 @@ async fn run_async(conn: Conn, cmd: ClientCommand) -> anyhow::Result<ExitCode> {
         return mcp::serve(conn, a).await;
     }
     let j = conn.json;
-    let c = Client::new(conn)?;
+    let c = Client::connect(conn).await?;
     match cmd {
         ClientCommand::Publish { path, skill, base } => {
             skills::publish(&c, &path, skill, base).await?

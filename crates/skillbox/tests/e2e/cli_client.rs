@@ -323,3 +323,50 @@ fn cli_errors_and_exec_status() {
     let (code, _, _) = cli.run(&["run", "exec", run, "--", "sh", "-c", "kill -9 $$"]);
     assert_eq!(code, 128 + 9, "a signal N exits 128+N");
 }
+
+/// Without `--workspace`, a workspace token's commands go to its own workspace (the server
+/// says which); the admin token, of no workspace, stays in `default`.
+#[test]
+fn a_workspace_token_needs_no_workspace_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let admin = Cli {
+        s: &s,
+        token: ADMIN.into(),
+    };
+    let token = admin.json(&["token", "create", "--role", "author"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let unnamed = |token: &str, args: &[&str]| {
+        let out = Command::new(bin())
+            .env_remove("SKILLBOX_WORKSPACE")
+            .args(["--url", &s.url, "--token", token, "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code(), stdout)
+    };
+    let work = tempfile::tempdir().unwrap();
+    let pkg = work.path().join("demo");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(pkg.join("SKILL.md"), skill_md("demo", "first")).unwrap();
+    let (code, published) = unnamed(&token, &["publish", pkg.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{published}");
+    // In acme, the token's workspace: the admin finds it there by name.
+    let listed = admin.json(&["skills"]);
+    let names: Vec<&str> = listed["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["demo"], "{listed}");
+    let (code, mine) = unnamed(&token, &["skills"]);
+    assert_eq!(code, Some(0));
+    assert!(mine.contains("\"demo\""), "{mine}");
+    // The admin token names no workspace: `default`, which has nothing.
+    let (code, default) = unnamed(ADMIN, &["skills"]);
+    assert!(!default.contains("\"demo\""), "{code:?} {default}");
+}
