@@ -298,7 +298,7 @@ impl Registry {
             revision: activation.revision,
             body: body.clone(),
         }];
-        let mut bytes = body.len();
+        let mut bytes = 0;
         for other in known.iter().flat_map(|others| others.iter()) {
             bytes += other.body.len();
             if answers.len() == AnswerJson::PER_DIGEST || bytes > AnswerJson::BYTES_PER_DIGEST {
