@@ -378,9 +378,11 @@ struct Who {
 }
 
 impl Who {
-    /// As the server says (`GET /v1/whoami`).
-    async fn asked(client: &Client) -> anyhow::Result<Who> {
+    /// As the server says (`GET /v1/whoami`); the same answer gives `client` the token's own
+    /// workspace when none was named (see [`Client::connect`]).
+    async fn asked(client: &mut Client) -> anyhow::Result<Who> {
         let who: Value = client.get(client.url("/v1/whoami")).await?;
+        client.adopt_workspace(who["workspace"].as_str());
         Ok(Who {
             role: who["role"].as_str().unwrap_or_default().to_string(),
             box_available: who["box_available"].as_bool() == Some(true),
@@ -974,8 +976,9 @@ pub(super) async fn serve(conn: Conn, a: McpArgs) -> anyhow::Result<ExitCode> {
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
         .try_init();
-    let client = Arc::new(Client::connect(conn).await?);
-    let who = Who::asked(&client).await?;
+    let mut client = Client::new(conn)?;
+    let who = Who::asked(&mut client).await?;
+    let client = Arc::new(client);
     let opened = Opened::open(
         client.clone(),
         who,

@@ -250,11 +250,19 @@ impl Client {
         if client.conn.workspace.is_none() && client.conn.token.is_some() {
             let who: anyhow::Result<skillbox_api::WhoAmI> =
                 client.get(client.url("/v1/whoami")).await;
-            if let Some(workspace) = who.ok().and_then(|who| who.workspace) {
-                client.workspace = workspace;
+            if let Ok(who) = who {
+                client.adopt_workspace(who.workspace.as_deref());
             }
         }
         Ok(client)
+    }
+
+    /// Takes the token's own workspace (as `GET /v1/whoami` answered it) when the command
+    /// named none.
+    fn adopt_workspace(&mut self, token_workspace: Option<&str>) {
+        if let (None, Some(workspace)) = (&self.conn.workspace, token_workspace) {
+            self.workspace = workspace.to_string();
+        }
     }
 
     /// A URL under the workspace: `…/v1/workspaces/{ws}/{rest}`.
