@@ -8,12 +8,16 @@ use std::process::Command;
 struct Cli<'a> {
     s: &'a Server,
     token: String,
+    /// `-w`; `None`: no workspace named, by flag or environment.
+    workspace: Option<&'static str>,
 }
 
 impl Cli<'_> {
     fn run(&self, args: &[&str]) -> (i32, String, String) {
         let out = Command::new(bin())
-            .args(["--url", &self.s.url, "--token", &self.token, "-w", "acme"])
+            .env_remove("SKILLBOX_WORKSPACE")
+            .args(["--url", &self.s.url, "--token", &self.token])
+            .args(self.workspace.iter().flat_map(|w| ["-w", w]))
             .args(args)
             .output()
             .unwrap();
@@ -41,6 +45,7 @@ fn client_commands_end_to_end() {
     let admin = Cli {
         s: &s,
         token: ADMIN.into(),
+        workspace: Some("acme"),
     };
     let author_token = admin.json(&["token", "create", "--role", "admin"])["token"]
         .as_str()
@@ -50,6 +55,7 @@ fn client_commands_end_to_end() {
     let cli = Cli {
         s: &s,
         token: author_token,
+        workspace: Some("acme"),
     };
 
     let work = tempfile::tempdir().unwrap();
@@ -204,6 +210,7 @@ fn client_commands_end_to_end() {
     let nobody = Cli {
         s: &s,
         token: "sbx_nope".into(),
+        workspace: Some("acme"),
     };
     let (code, _, err) = nobody.run(&["skills"]);
     assert_eq!(code, 1);
@@ -226,6 +233,7 @@ fn cli_errors_and_exec_status() {
     let cli = Cli {
         s: &s,
         token: ADMIN.into(),
+        workspace: Some("acme"),
     };
     let work = tempfile::tempdir().unwrap();
     let error_of = |out: &str| -> Value {
@@ -333,40 +341,36 @@ fn a_workspace_token_needs_no_workspace_named() {
     let admin = Cli {
         s: &s,
         token: ADMIN.into(),
+        workspace: Some("acme"),
     };
     let token = admin.json(&["token", "create", "--role", "author"])["token"]
         .as_str()
         .unwrap()
         .to_string();
-    let unnamed = |token: &str, args: &[&str]| {
-        let out = Command::new(bin())
-            .env_remove("SKILLBOX_WORKSPACE")
-            .args(["--url", &s.url, "--token", token, "--json"])
-            .args(args)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        (out.status.code(), stdout)
+    let unnamed = |token: String| Cli {
+        s: &s,
+        token,
+        workspace: None,
     };
     let work = tempfile::tempdir().unwrap();
     let pkg = work.path().join("demo");
     std::fs::create_dir_all(&pkg).unwrap();
     std::fs::write(pkg.join("SKILL.md"), skill_md("demo", "first")).unwrap();
-    let (code, published) = unnamed(&token, &["publish", pkg.to_str().unwrap()]);
-    assert_eq!(code, Some(0), "{published}");
+    let author = unnamed(token);
+    author.json(&["publish", pkg.to_str().unwrap()]);
+    let names = |listed: &Value| -> Vec<String> {
+        let skills = listed["skills"].as_array().unwrap();
+        skills
+            .iter()
+            .filter_map(|s| s["name"].as_str().map(String::from))
+            .collect()
+    };
     // In acme, the token's workspace: the admin finds it there by name.
     let listed = admin.json(&["skills"]);
-    let names: Vec<&str> = listed["skills"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|s| s["name"].as_str())
-        .collect();
-    assert_eq!(names, ["demo"], "{listed}");
-    let (code, mine) = unnamed(&token, &["skills"]);
-    assert_eq!(code, Some(0));
-    assert!(mine.contains("\"demo\""), "{mine}");
+    assert_eq!(names(&listed), ["demo"], "{listed}");
+    let mine = author.json(&["skills"]);
+    assert_eq!(names(&mine), ["demo"], "{mine}");
     // The admin token names no workspace: `default`, which has nothing.
-    let (code, default) = unnamed(ADMIN, &["skills"]);
-    assert!(!default.contains("\"demo\""), "{code:?} {default}");
+    let (code, default, _) = unnamed(ADMIN.into()).run(&["--json", "skills"]);
+    assert!(!default.contains("\"demo\""), "{code} {default}");
 }
