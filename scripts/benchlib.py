@@ -1,5 +1,5 @@
 """Shared pieces of the bench scripts: servers, HTTP calls, and wrk driving a list of requests."""
-import json, os, re, socket, subprocess, time, urllib.request
+import json, math, os, re, socket, subprocess, time, urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # SKILLBOX_BENCH_BIN runs another build (an older commit's, built in a target directory of its
@@ -50,38 +50,54 @@ def serve(data_dir, extra=(), env=None):
     raise RuntimeError(f"server on {base} did not become healthy")
 
 
-LUA = r'''
-local lines = {}
-for line in io.lines(os.getenv("SB_LINES")) do lines[#lines + 1] = line end
-local extra = {}
-for h in string.gmatch(os.getenv("SB_HEADERS") or "", "[^|]+") do
-  local k, v = h:match("^([^:]+):%s*(.*)$"); extra[k] = v
-end
-local threads, counter = 0, 0
-function setup(thread) threads = threads + 1; thread:set("tid", threads) end
-function init(args) counter = tid - 1; stride = tonumber(os.getenv("SB_STRIDE")) end
+# Each wrk thread sends the requests of its own file, as bytes ready to send: an 8-digit length,
+# then the request. Built here rather than per request in Lua (a pattern match, a header
+# table and `wrk.format` each time): that took ~35-40% of a core of the two that wrk shares
+# with the server under test (scripts/bench-runs, 2026-12-07), for skillbox and nginx alike.
+LUA = r"""
+local threads, file = 0
+function setup(thread) threads = threads + 1; thread:set("requests", os.getenv("SB_REQUESTS") .. "-" .. threads) end
+function init(args) file = assert(io.open(requests, "rb")) end
 function request()
-  local l = lines[(counter % #lines) + 1]
-  counter = counter + stride
-  local method, path, tok, body = l:match("^(%S+) (%S+) (%S+) ?(.*)$")
-  local headers = { ["Authorization"] = "Bearer " .. tok }
-  if body ~= "" then headers["Content-Type"] = "application/json" else body = nil end
-  for k, v in pairs(extra) do headers[k] = v end
-  return wrk.format(method, path, headers, body)
+  local size = file:read(8)
+  if not size then file:seek("set", 0); size = file:read(8) end
+  return file:read(tonumber(size))
 end
-'''
+"""
+
+
+def http_request(line, host, headers):
+    """`line` ("METHOD PATH TOKEN [JSON]") as the bytes of an HTTP/1.1 request to `host`."""
+    method, path, token, *body = line.split(" ", 3)
+    body = body[0].encode() if body and body[0] else b""
+    head = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"Authorization: Bearer {token}"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if body:
+        head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
 def wrk_command(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w", headers=None):
     """The wrk process for `lines` ("METHOD PATH TOKEN [JSON]") against `url`, started; every
-    request also carries `headers` (a dict)."""
-    with open(f"{tmp}/lines-{tag}.txt", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(f"{tmp}/script.lua", "w") as f:
+    request also carries `headers` (a dict). Thread t (from 0) sends lines t, t + stride,
+    t + 2 stride, … (`stride` defaults to `threads`: each line is sent by one thread), from
+    the first again once it has sent them all."""
+    stride = stride or threads
+    host = url.split("://", 1)[1].split("/", 1)[0]
+    for t in range(threads):
+        period = len(lines) // math.gcd(len(lines), stride)
+        with open(f"{tmp}/requests-{tag}-{t + 1}", "wb") as f:
+            for k in range(period):
+                request = http_request(lines[(t + k * stride) % len(lines)], host, headers)
+                f.write(b"%08d" % len(request) + request)
+            # On disk before the row starts: written back during it, a write row's pool
+            # (~100 MB) would share the disk with the fsyncs it measures.
+            f.flush()
+            os.fsync(f.fileno())
+    with open(f"{tmp}/script-{tag}.lua", "w") as f:
         f.write(LUA)
-    env = dict(os.environ, SB_LINES=f"{tmp}/lines-{tag}.txt", SB_STRIDE=str(stride or threads),
-               SB_HEADERS="|".join(f"{k}: {v}" for k, v in (headers or {}).items()))
-    return subprocess.Popen(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s", f"{tmp}/script.lua", url],
+    env = dict(os.environ, SB_REQUESTS=f"{tmp}/requests-{tag}")
+    return subprocess.Popen(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s", f"{tmp}/script-{tag}.lua", url],
                             env=env, stdout=subprocess.PIPE, text=True)
 
 

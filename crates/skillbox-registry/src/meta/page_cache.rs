@@ -9,9 +9,10 @@
 //! ascending order (`balance_nonroot`) moves one of them through a temporary number, that of
 //! the lock-byte page at 1 GiB, which holds no data (page 262,145 with 4 KiB pages), and on at
 //! once; the cache remembers that number as its largest. In a database under 1 GiB every commit that split a
-//! page out of order then walked the whole cache: the pin writer's cache holds ~5,000 pages in
-//! 8,192 buckets (SQLite's caches share one pool, and the busiest connection's grows), and the
-//! walk was 15–25% of its thread in `scripts/bench-runs` (new pins at 64 connections).
+//! page out of order then walked the whole cache: the pin writer's cache held ~5,000 pages in
+//! 8,192 buckets (when SQLite's caches shared one pool and the busiest connection's grew; each
+//! connection now has a cache of its own, see `.cargo/config.toml`), and the walk was 15–25%
+//! of its thread in `scripts/bench-runs` (new pins at 64 connections).
 //!
 //! The wrapper forwards every call to the default cache and keeps, per cache, an upper bound
 //! of the page numbers in it that ignores a page parked at the temporary number (counted
@@ -254,6 +255,29 @@ unsafe extern "C" fn shrink(p: Handle) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `.cargo/config.toml` builds SQLite without the process-wide page-cache pool and memory
+    /// statistics, each behind a mutex every connection takes on its hot path; a build that
+    /// loses those flags (the file moved, a `LIBSQLITE3_FLAGS` of the environment's own) fails
+    /// here rather than only in `scripts/bench-runs`.
+    #[test]
+    fn sqlite_is_built_without_its_process_wide_hot_path_locks() {
+        let connection = rusqlite::Connection::open_in_memory().unwrap();
+        let mut statement = connection.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+    }
 
     /// Installs the wrapper (each test is a process of its own under `cargo nextest`, the
     /// suite's runner) and initializes SQLite, as a first connection would.
