@@ -81,7 +81,13 @@ def wrk_command(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w"
     """The wrk process for `lines` ("METHOD PATH TOKEN [JSON]") against `url`, started; every
     request also carries `headers` (a dict). Thread t (from 0) sends lines t, t + stride,
     t + 2 stride, … (`stride` defaults to `threads`: each line is sent by one thread), from
-    the first again once it has sent them all."""
+    the first again once it has sent them all. To start several at once, `wrk_prepare` each
+    first, then `wrk_start` them."""
+    return wrk_start(wrk_prepare(url, lines, tmp, conns, seconds, threads, stride, tag, headers))
+
+
+def wrk_prepare(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w", headers=None):
+    """`wrk_command`'s request files written (the slow part) and its command line, to start."""
     stride = stride or threads
     host = url.split("://", 1)[1].split("/", 1)[0]
     for t in range(threads):
@@ -97,8 +103,12 @@ def wrk_command(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w"
     with open(f"{tmp}/script-{tag}.lua", "w") as f:
         f.write(LUA)
     env = dict(os.environ, SB_REQUESTS=f"{tmp}/requests-{tag}")
-    return subprocess.Popen(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s", f"{tmp}/script-{tag}.lua", url],
-                            env=env, stdout=subprocess.PIPE, text=True)
+    return ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency", "-s", f"{tmp}/script-{tag}.lua", url], env
+
+
+def wrk_start(prepared):
+    argv, env = prepared
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
 
 
 def wrk(url, lines, tmp, conns, seconds, threads=2, stride=None, headers=None):
