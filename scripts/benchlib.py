@@ -90,8 +90,8 @@ def wrk_prepare(url, lines, tmp, conns, seconds, threads=2, stride=None, tag="w"
     """`wrk_command`'s request files written (the slow part) and its command line, to start."""
     stride = stride or threads
     host = url.split("://", 1)[1].split("/", 1)[0]
+    period = len(lines) // math.gcd(len(lines), stride)  # then thread t's lines repeat
     for t in range(threads):
-        period = len(lines) // math.gcd(len(lines), stride)
         with open(f"{tmp}/requests-{tag}-{t + 1}", "wb") as f:
             for k in range(period):
                 request = http_request(lines[(t + k * stride) % len(lines)], host, headers)
