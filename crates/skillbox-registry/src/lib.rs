@@ -5,6 +5,7 @@
 //! - [`content`]: the content store on `object_store`: blobs by SHA-256, manifests by digest,
 //!   create-if-absent, never modified.
 //! - [`cache`]: the revision cache of read-only trees, one per digest.
+//! - [`zero_copy`]: large files' bytes that a socket writer may send from their tree file.
 //! - [`Registry`]: publication, reads, pointer moves, deletion, drafts, tokens, events, fsck.
 //!
 //! Write order is content first, metadata last: a crash before the metadata commit leaves only
@@ -26,6 +27,7 @@ mod reads;
 mod revoke;
 pub mod runs;
 mod skills;
+pub mod zero_copy;
 
 pub use auth::{Principal, Role};
 pub use error::{RegistryError, Result};

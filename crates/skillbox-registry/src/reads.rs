@@ -282,8 +282,14 @@ fn from_tree(tree: &std::path::Path, entry: &FileEntry) -> Option<FileContent> {
     if entry.size <= SMALL_FILE {
         // A page-cache read of up to 1 MiB costs less than streaming it through the blocking
         // pool in chunks.
-        let bytes = std::fs::read(&on_disk).ok()?;
-        (bytes.len() as u64 == entry.size).then(|| FileContent::Bytes(bytes.into()))
+        use std::io::Read;
+        let mut file = std::fs::File::open(&on_disk).ok()?;
+        let mut bytes = Vec::with_capacity(entry.size as usize);
+        file.read_to_end(&mut bytes).ok()?;
+        // Tree files are read-only and never rewritten, so a large one can be sent from its
+        // file (zero-copy) as well as from these bytes.
+        (bytes.len() as u64 == entry.size)
+            .then(|| FileContent::Bytes(crate::zero_copy::file_backed(bytes, file)))
     } else {
         on_disk.is_file().then_some(FileContent::Path(on_disk))
     }

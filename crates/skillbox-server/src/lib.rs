@@ -25,6 +25,7 @@ pub mod openapi;
 pub mod remote;
 pub mod routes;
 pub mod sandbox;
+mod zero_copy_io;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
@@ -247,7 +248,7 @@ pub async fn serve(
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .serve_connection(zero_copy_io::ZeroCopyIo::new(stream), service)
                 .with_upgrades();
             let mut conn = std::pin::pin!(conn);
             tokio::select! {

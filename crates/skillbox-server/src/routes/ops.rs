@@ -67,6 +67,11 @@ pub async fn metrics(State(s): State<SharedState>) -> Response {
             "Pins written by activations.",
             pins_written,
         ),
+        (
+            "skillbox_zero_copy_bytes_total",
+            "Response body bytes sent with sendfile from revision-cache files instead of copied.",
+            crate::zero_copy_io::ZERO_COPY_BYTES.load(std::sync::atomic::Ordering::Relaxed),
+        ),
     ];
     let body = s.metrics.render(
         &counters,

@@ -312,14 +312,7 @@ async fn routes_auth_and_errors() {
             .status(),
         200
     );
-    let metrics = c
-        .get(format!("{}/metrics", s.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&c, &s.url).await;
     for m in [
         "skillbox_http_requests_total{",
         "skillbox_publishes_total 4",

@@ -21,18 +21,7 @@ fn py_skill(requirements: &str, tag: &str) -> Vec<u8> {
 }
 
 async fn builds(c: &reqwest::Client, s: &Server) -> u64 {
-    let text = c
-        .get(format!("{}/metrics", s.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("skillbox_dep_env_builds "))
-        .and_then(|n| n.trim().parse().ok())
-        .expect("skillbox_dep_env_builds in /metrics")
+    metric(c, &s.url, "skillbox_dep_env_builds").await
 }
 
 async fn run_version(c: &reqwest::Client, s: &Server, run: &str) -> (u16, Value) {

@@ -601,17 +601,7 @@ async fn a_cut_or_corrupted_transfer_to_a_node_never_runs() {
 
 /// A counter from the node's `/metrics`.
 async fn node_metric(c: &reqwest::Client, node: &Node, name: &str) -> u64 {
-    let text = c
-        .get(format!("{}/metrics", node.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    metric(c, &node.url(), name).await
 }
 
 /// Prefetch (SPEC §7.3): when the current revision of a skill that a live run on the node has

@@ -498,6 +498,139 @@ async fn concurrent_runs_read_their_own_pins_under_publishing(d: Deployment) {
 }
 storage_test!(concurrent_runs_read_their_own_pins_under_publishing);
 
+/// Bytes from a xorshift generator: every window differs, so a body sent from a wrong offset of
+/// its file cannot pass for the right one.
+fn patterned(len: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// The bodies of the HTTP/1.1 responses in `raw`, in order, each with its status.
+fn split_responses(mut raw: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !raw.is_empty() {
+        let end = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a whole response head");
+        let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+        let status = head[9..12].parse().unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .expect("a content-length")
+            .trim()
+            .parse()
+            .unwrap();
+        let body = &raw[end + 4..];
+        assert!(
+            body.len() >= len,
+            "a body cut short: {} of {len}",
+            body.len()
+        );
+        out.push((status, body[..len].to_vec()));
+        raw = &body[len..];
+    }
+    out
+}
+
+/// Large pinned files arrive whole and byte-exact when the server sends them zero-copy from
+/// the revision cache (`sendfile`): one held in memory between reads, one read from its tree
+/// each time, over plain requests and over pipelined requests read slowly (so the sends end
+/// part-way and resume). `skillbox_zero_copy_bytes_total` shows they went out that way.
+async fn large_pinned_files_arrive_exact_when_sent_zero_copy(d: Deployment) {
+    let dir = tempfile::tempdir().unwrap();
+    let s = d.server(dir.path());
+    let c = http();
+    let held = patterned(200 << 10, 1);
+    let from_tree = patterned(1000 << 10, 2);
+    let md = skill_md("big", "large files");
+    let pkg = tar_of(&[
+        ("SKILL.md", md.as_bytes()),
+        ("held.bin", &held),
+        ("tree.bin", &from_tree),
+    ]);
+    assert_eq!(publish(&c, &s, ADMIN, "acme", "big", 0, pkg).await.0, 201);
+    let run = new_run(&c, &s, &["big"]).await;
+    let url = |f: &str| s.ws("acme", &format!("runs/{run}/skills/big/files/{f}"));
+    let metric_name = "skillbox_zero_copy_bytes_total";
+    let before = metric(&c, &s.url, metric_name).await;
+
+    for (file, want) in [
+        ("held.bin", &held),
+        ("held.bin", &held),
+        ("tree.bin", &from_tree),
+    ] {
+        let r = c.get(url(file)).bearer_auth(ADMIN).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.bytes().await.unwrap() == want[..], "{file} differs");
+    }
+
+    let path = |f: &str| url(f).strip_prefix(&s.url).unwrap().to_string();
+    let mut requests = String::new();
+    // Some 5 MB of answers: more than loopback's socket buffers hold unread.
+    let pipelined = [
+        "held.bin", "tree.bin", "held.bin", "tree.bin", "tree.bin", "tree.bin", "held.bin",
+    ];
+    for (i, file) in pipelined.iter().enumerate() {
+        let close = if i + 1 == pipelined.len() {
+            "Connection: close\r\n"
+        } else {
+            ""
+        };
+        requests += &format!(
+            "GET {} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n{close}\r\n",
+            path(file)
+        );
+    }
+    let addr = socket_addr_of(&s.url);
+    let raw = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut sock = std::net::TcpStream::connect(addr).unwrap();
+        sock.write_all(requests.as_bytes()).unwrap();
+        // Unread, the answers fill the socket buffers and the server's sends stop part-way.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (mut raw, mut chunk) = (Vec::new(), [0u8; 1024]);
+        loop {
+            match sock.read(&mut chunk).unwrap() {
+                0 => break raw,
+                n => raw.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let answers = split_responses(&raw);
+    assert_eq!(answers.len(), pipelined.len());
+    for ((status, body), file) in answers.iter().zip(pipelined) {
+        assert_eq!(*status, 200);
+        let want = if file == "held.bin" {
+            &held
+        } else {
+            &from_tree
+        };
+        assert!(body == want, "pipelined {file} differs");
+    }
+
+    // Every body went out by sendfile, save at most its last 64 KiB (a remainder that short
+    // after a partial send is copied).
+    let sent = metric(&c, &s.url, metric_name).await - before;
+    let bodies = (5 * held.len() + 5 * from_tree.len()) as u64;
+    assert!(
+        sent >= bodies - 10 * (64 << 10),
+        "{sent} of {bodies} bytes sent zero-copy"
+    );
+}
+
+storage_test!(large_pinned_files_arrive_exact_when_sent_zero_copy);
+
 async fn leases_expire_and_heartbeats_extend_them(d: Deployment) {
     let dir = tempfile::tempdir().unwrap();
     let s = d.server(dir.path());

@@ -745,6 +745,20 @@ impl TcpProxy {
     }
 }
 
+/// The `/metrics` page of the server or node at `base_url`.
+pub async fn metrics_text(c: &reqwest::Client, base_url: &str) -> String {
+    let r = c.get(format!("{base_url}/metrics")).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
+/// A counter or gauge from the `/metrics` of the server or node at `base_url`.
+pub async fn metric(c: &reqwest::Client, base_url: &str, name: &str) -> u64 {
+    let text = metrics_text(c, base_url).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
 /// `host:port` of a URL such as `postgres://user@127.0.0.1:5432/db` or `http://127.0.0.1:8333`.
 pub fn socket_addr_of(url: &str) -> std::net::SocketAddr {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
