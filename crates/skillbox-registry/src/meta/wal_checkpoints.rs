@@ -19,7 +19,7 @@
 //! - once the WAL holds [`RESTART_FRAMES`] frames and a pass found them all copied, it asks
 //!   for a restart ([`WalRestart`]). The pin thread, after handing its batch to the flusher,
 //!   runs a passive checkpoint on its own connection: the few frames committed since, the
-//!   WAL's sync and the database's (1–3 ms measured), and its next commit starts the WAL over.
+//!   WAL's sync and the database's (1–5 ms measured), and its next commit starts the WAL over.
 //!
 //! Without a pin thread (it could not be started) nothing takes the request, and the WAL is
 //! started over as before, by the automatic checkpoint.
@@ -41,8 +41,13 @@ use std::time::Duration;
 const INTERVAL: Duration = Duration::from_millis(100);
 
 /// The WAL's length (frames of one page) from which a pass that found it all copied asks for
-/// a restart: ~0.5 s of the full write load of `scripts/bench-runs`, a 32 MiB WAL.
-const RESTART_FRAMES: i64 = 8192;
+/// a restart: ~0.7 s of the full new-pin load of `scripts/bench-runs` at 64 connections
+/// (~36,000 frames a second), a 96 MiB WAL, and still 8,192 frames below the automatic
+/// checkpoint's threshold. The restart's two syncs stall the pin writer (p90 ~4.5 ms traced),
+/// and batches wait behind them: at 8,192 frames (four restarts a second) the new-pin p99 at 64
+/// connections was 1.6 ms higher and the rate 7% lower (docs/BENCHMARKS.md, twenty-first
+/// session); at 49,152 frames (the threshold raised to 65,536) no better than here.
+const RESTART_FRAMES: i64 = 24576;
 
 /// A restart asked for by the checkpoint thread, taken by the pin writer's thread.
 #[derive(Default)]
