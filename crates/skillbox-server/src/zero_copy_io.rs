@@ -19,9 +19,10 @@ use std::task::{Context, Poll, ready};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Not among nix's named flags: "more data follows", which holds a short head back until the
-/// body joins it in one segment.
-const MSG_MORE: MsgFlags = MsgFlags::from_bits_retain(nix::libc::MSG_MORE);
+/// "More data follows" (not among nix's named flags), which holds a short head back until the
+/// body joins it in one segment; and no `SIGPIPE` if the peer has gone, as std's own sends.
+const HEAD_FLAGS: MsgFlags =
+    MsgFlags::from_bits_retain(nix::libc::MSG_MORE).union(MsgFlags::MSG_NOSIGNAL);
 
 /// Bytes this process sent with `sendfile` (`skillbox_zero_copy_bytes_total`).
 pub(crate) static ZERO_COPY_BYTES: AtomicU64 = AtomicU64::new(0);
@@ -85,7 +86,7 @@ impl Write for ZeroCopyIo {
             None => Pin::new(&mut self.inner).poll_write_vectored(cx, bufs),
             // What precedes the file-backed buffer, held back by the kernel until it comes.
             Some((i, ..)) if i > 0 => self.poll_send(cx, |s| {
-                sendmsg::<SockaddrStorage>(s.as_raw_fd(), &bufs[..i], &[], MSG_MORE, None)
+                sendmsg::<SockaddrStorage>(s.as_raw_fd(), &bufs[..i], &[], HEAD_FLAGS, None)
                     .map_err(io::Error::from)
             }),
             Some((_, file, offset)) => {

@@ -61,21 +61,40 @@ impl Docker {
         let Some(group) = pid else {
             return;
         };
-        // A member may fork while we look (a fork bomb does nothing else): stop every member
-        // first, so that none forks while the others are killed, and look again until none is
-        // left (bounded; a bomb is also held by the container's pids limit).
-        for _ in 0..200 {
-            let members = group_members_in(group, container);
-            if members.is_empty() {
+        // A member may fork while we look (a fork bomb does nothing else). Every member found
+        // is stopped, and we look again until a look finds none not stopped yet: a stopped
+        // process cannot fork (a fork that a stop interrupts is undone), so the set is then
+        // closed and can be killed whole. Killing each look's members at once let children
+        // forked between a look and the kill outrun 200 looks on a loaded host, and a bomb's
+        // survivors then held the container's pids limit ("Cannot fork" in its next exec).
+        // Bounded in time: a bomb is also held by the pids limit.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let signal = |p: i32, s| {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), s);
+        };
+        loop {
+            let mut stopped = std::collections::HashSet::new();
+            while std::time::Instant::now() < deadline {
+                let fresh: Vec<i32> = group_members_in(group, container)
+                    .into_iter()
+                    .filter(|p| !stopped.contains(p))
+                    .collect();
+                if fresh.is_empty() {
+                    break;
+                }
+                for p in fresh {
+                    signal(p, nix::sys::signal::Signal::SIGSTOP);
+                    stopped.insert(p);
+                }
+            }
+            if stopped.is_empty() {
                 return;
             }
-            for signal in [
-                nix::sys::signal::Signal::SIGSTOP,
-                nix::sys::signal::Signal::SIGKILL,
-            ] {
-                for p in &members {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*p), signal);
-                }
+            for p in stopped {
+                signal(p, nix::sys::signal::Signal::SIGKILL);
+            }
+            if std::time::Instant::now() >= deadline {
+                return;
             }
         }
     }
